@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""Build (and cache) the test fixtures: driver roots, container root filesystems, bundles.
+
+- ``driver_535()``: Debian's real NVIDIA 535 user-space packages, downloaded with
+  ``apt-get download`` through a private apt configuration (its own sources list, state and
+  cache dirs: the machine's apt setup is left alone) and unpacked with ``dpkg -x``. Then what
+  a real host has after installing them: the alternatives' links, ``etc/ld.so.conf``, an
+  ``etc/ld.so.cache`` made by ``ldconfig -r``, ``proc/driver/nvidia`` for two GPUs,
+  ``proc/devices`` and device nodes under the root's own ``dev/``.
+- ``synthetic_driver(n_libs, n_gpus)``: tiny ELF libraries compiled with gcc, for unit and
+  scale tests.
+- ``rootfs(style)``: a Debian-like (multiarch) or lib64-style root with the host's glibc,
+  busybox and a small ``cudacheck`` program that dlopens ``libcuda.so.1``.
+- ``bundle(dest, rootfs, args, env)``: an OCI bundle like ``runc spec`` writes.
+
+Everything is cached under ``$SANDBOX_CACHE`` (default ``<repo>/.cache``). Run as a script it
+builds everything and prints the paths.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("SANDBOX_CACHE", REPO / ".cache"))
+DRIVER_VERSION = "535.261.03"
+DEB_VERSION = DRIVER_VERSION + "-1"
+ARCH_DIR = "usr/lib/x86_64-linux-gnu"
+NV_DIR = ARCH_DIR + "/nvidia/current"
+
+# Packages that share the driver's version (nvidia-persistenced has its own, from contrib).
+DRIVER_DEBS = (
+    "libcuda1 libnvidia-ml1 nvidia-smi libnvidia-ptxjitcompiler1 libnvidia-nvvm4 "
+    "libcudadebugger1 libnvidia-cfg1 libnvidia-allocator1 libnvidia-pkcs11-openssl3 "
+    "firmware-nvidia-gsp nvidia-cuda-mps libnvidia-encode1 libnvcuvid1 libnvidia-opticalflow1 "
+    "libnvidia-eglcore libnvidia-glcore libglx-nvidia0 libegl-nvidia0 libgles-nvidia2 "
+    "libnvidia-glvkspirv libnvidia-rtcore libnvidia-ngx1 libnvidia-fbc1"
+).split()
+OTHER_DEBS = ["nvidia-persistenced"]
+
+# Two GPUs as /proc/driver/nvidia/gpus/<busid>/information shows them.
+GPUS = (
+    ("0000:3b:00.0", 0, "GPU-4d8f2f4a-6f6c-3b1e-9a1e-0d6f3c2b1a00", "NVIDIA H100 80GB HBM3"),
+    ("0000:86:00.0", 1, "GPU-9c1e7b22-51aa-4e0c-8f3d-7e2a9b4c5d11", "NVIDIA H100 80GB HBM3"),
+)
+UVM_MAJOR, CAPS_MAJOR = 508, 511
+
+
+def run(*cmd: str | os.PathLike, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], check=True, **kw)
+
+
+def _done(path: Path) -> bool:
+    return (path / ".complete").exists()
+
+
+def _fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    tmp = path.with_name(path.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _finish(tmp: Path, path: Path) -> Path:
+    (tmp / ".complete").touch()
+    tmp.rename(path)
+    return path
+
+
+# --- the private apt configuration -------------------------------------------------------
+
+
+def apt_options() -> list[str]:
+    """apt options that point at a sources list, state and cache of our own."""
+    base = CACHE / "apt"
+    for d in ("state/lists/partial", "cache/archives/partial"):
+        (base / d).mkdir(parents=True, exist_ok=True)
+    keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
+    comps = "contrib non-free non-free-firmware"
+    (base / "sources.list").write_text(
+        f"deb [signed-by={keyring}] http://deb.debian.org/debian bookworm {comps}\n"
+        f"deb [signed-by={keyring}] http://deb.debian.org/debian-security bookworm-security {comps}\n"
+    )
+    return [
+        f"-oDir::Etc::SourceList={base}/sources.list",
+        "-oDir::Etc::SourceParts=-",
+        f"-oDir::State={base}/state",
+        f"-oDir::Cache={base}/cache",
+        "-oDir::State::status=/var/lib/dpkg/status",
+        "-oAPT::Sandbox::User=root",
+        "-qq",
+    ]
+
+
+def download_debs() -> Path:
+    debs = CACHE / "debs"
+    if (debs / ".complete").exists():
+        return debs
+    debs.mkdir(parents=True, exist_ok=True)
+    opts = apt_options()
+    run("apt-get", *opts, "update")
+    wanted = [f"{p}={DEB_VERSION}" for p in DRIVER_DEBS] + OTHER_DEBS
+    run("apt-get", *opts, "download", *wanted, cwd=debs)
+    (debs / ".complete").touch()
+    return debs
+
+
+# --- the real 535 driver root ------------------------------------------------------------
+
+
+def driver_535() -> Path:
+    root = CACHE / f"driver-{DRIVER_VERSION}"
+    if _done(root):
+        return root
+    debs = download_debs()
+    tmp = _fresh(root)
+    for deb in sorted(debs.glob("*.deb")):
+        run("dpkg", "-x", deb, tmp)
+    # What update-alternatives / nvidia-alternative would have linked on a real host.
+    (tmp / "usr/bin").mkdir(parents=True, exist_ok=True)
+    (tmp / "usr/bin/nvidia-smi").symlink_to("../lib/nvidia/current/nvidia-smi")
+    conf = tmp / "etc/ld.so.conf.d"
+    conf.mkdir(parents=True, exist_ok=True)
+    (tmp / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    (conf / "x86_64-linux-gnu.conf").write_text(f"/{ARCH_DIR}\n")
+    (conf / "nvidia.conf").write_text(f"/{NV_DIR}\n")
+    run("ldconfig", "-r", tmp)
+    _fake_kernel_side(tmp, DRIVER_VERSION, GPUS)
+    return _finish(tmp, root)
+
+
+def _fake_kernel_side(root: Path, version: str, gpus) -> None:
+    """What the kernel module would show: /proc/driver/nvidia, /proc/devices, /dev nodes."""
+    proc = root / "proc/driver/nvidia"
+    (proc / "gpus").mkdir(parents=True)
+    (proc / "version").write_text(
+        f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Release Build  "
+        "(dvs-builder@U16-I3-B03-4-3)  Thu Jun  5 22:50:47 UTC 2025\n"
+        "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n"
+    )
+    (proc / "params").write_text("ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 1\n")
+    (proc / "registry").write_text("Binary: \"\"\n")
+    for busid, minor, uuid, model in gpus:
+        g = proc / "gpus" / busid
+        g.mkdir()
+        (g / "information").write_text(
+            f"Model: \t\t {model}\nIRQ:   \t\t 0\nGPU UUID: \t {uuid}\n"
+            "Video BIOS: \t 96.00.99.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\n"
+            f"DMA Mask: \t 0xfffffffffffff\nBus Location: \t {busid}\nDevice Minor: \t {minor}\n"
+            "GPU Excluded:\t No\n"
+        )
+    (root / "proc/devices").write_text(
+        "Character devices:\n  1 mem\n  4 /dev/vc/0\n  5 /dev/tty\n195 nvidia-frontend\n"
+        f"{CAPS_MAJOR} nvidia-caps\n{UVM_MAJOR} nvidia-uvm\n\nBlock devices:\n  8 sd\n"
+    )
+    dev = root / "dev"
+    dev.mkdir(exist_ok=True)
+    nodes = {"nvidiactl": (195, 255), "nvidia-modeset": (195, 254),
+             "nvidia-uvm": (UVM_MAJOR, 0), "nvidia-uvm-tools": (UVM_MAJOR, 1)}
+    for _busid, minor, _uuid, _model in gpus:
+        nodes[f"nvidia{minor}"] = (195, minor)
+    for name, (major, minor) in nodes.items():
+        os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        os.chmod(dev / name, 0o666)
+    (root / "var/run/nvidia-persistenced").mkdir(parents=True, exist_ok=True)
+
+
+# --- synthetic driver roots --------------------------------------------------------------
+
+
+def synthetic_driver(n_libs: int, n_gpus: int = 2, version: str = "999.1.2") -> Path:
+    """A driver root of ``n_libs`` tiny libraries named like compute libraries.
+
+    libcuda and libnvidia-ml (selected by the compute and utility filters) head a chain of
+    DT_NEEDED edges through ``libnvidia-synthN.so.<version>`` (SONAME ``...so.1``), so the
+    closure has to walk all of them.
+    """
+    root = CACHE / f"synthetic-{n_libs}-{n_gpus}-{version}"
+    if _done(root):
+        return root
+    tmp = _fresh(root)
+    libdir = tmp / ARCH_DIR
+    libdir.mkdir(parents=True)
+    src = tmp / "empty.c"
+    src.write_text("int synth_symbol;\n")
+    names = ["libcuda", "libnvidia-ml"] + [f"libnvidia-synth{i}" for i in range(n_libs - 2)]
+    # compile in reverse so each library can link against the next one (DT_NEEDED)
+    for i in reversed(range(n_libs)):
+        name = names[i]
+        out = libdir / f"{name}.so.{version}"
+        cmd = ["gcc", "-shared", "-nostdlib", "-o", out, src, f"-Wl,-soname,{name}.so.1"]
+        if i + 1 < n_libs:
+            cmd += [libdir / f"{names[i + 1]}.so.{version}"]
+        run(*cmd)
+        (libdir / f"{name}.so.1").symlink_to(out.name)
+    src.unlink()
+    (tmp / "etc").mkdir()
+    (tmp / "etc/ld.so.conf").write_text(f"/{ARCH_DIR}\n")
+    run("ldconfig", "-r", tmp)
+    gpus = [(f"0000:{0x10 + g:02x}:00.0", g, f"GPU-{g:08x}-0000-0000-0000-000000000000", "NVIDIA Synthetic")
+            for g in range(n_gpus)]
+    _fake_kernel_side(tmp, version, gpus)
+    return _finish(tmp, root)
+
+
+# --- container root filesystems ----------------------------------------------------------
+
+BUSYBOX_APPLETS = "sh ls cat echo true false sleep readlink stat id hostname test env mount grep wc".split()
+GLIBC = ("ld-linux-x86-64.so.2 libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1").split()
+CUDACHECK = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    const char *lib = argc > 1 ? argv[1] : "libcuda.so.1";
+    void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 2; }
+    void *sym = dlsym(h, "cuInit");
+    if (!sym) { fprintf(stderr, "dlsym: %s\n", dlerror()); return 3; }
+    printf("%s: cuInit found\n", lib);
+    return 0;
+}
+"""
+
+
+def rootfs(style: str = "debian") -> Path:
+    """A small container root: glibc from the host, busybox, cudacheck. style: debian|lib64."""
+    assert style in ("debian", "lib64")
+    root = CACHE / f"rootfs-{style}"
+    if _done(root):
+        return root
+    tmp = _fresh(root)
+    libdir = "usr/lib/x86_64-linux-gnu" if style == "debian" else "usr/lib64"
+    for d in ("usr/bin", libdir, "etc", "dev", "proc", "sys", "tmp", "root", "lib64"):
+        (tmp / d).mkdir(parents=True, exist_ok=True)
+    (tmp / "bin").symlink_to("usr/bin")
+    if style == "debian":
+        (tmp / "lib").symlink_to("usr/lib")
+        (tmp / "etc/debian_version").write_text("12.8\n")
+        (tmp / "lib64/ld-linux-x86-64.so.2").symlink_to("../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")
+    else:
+        (tmp / "lib64").rmdir()
+        (tmp / "lib64").symlink_to("usr/lib64")
+    for lib in GLIBC:
+        shutil.copy2(Path("/lib/x86_64-linux-gnu") / lib, tmp / libdir / lib)
+    shutil.copy2("/bin/busybox", tmp / "usr/bin/busybox")
+    for applet in BUSYBOX_APPLETS:
+        (tmp / "usr/bin" / applet).symlink_to("busybox")
+    src = tmp / "cudacheck.c"
+    src.write_text(CUDACHECK)
+    run("gcc", "-O1", "-o", tmp / "usr/bin/cudacheck", src, "-ldl")
+    src.unlink()
+    (tmp / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/sh\n")
+    (tmp / "etc/group").write_text("root:x:0:\nnogroup:x:65534:\n")
+    (tmp / "etc/ld.so.conf").write_text(f"/{libdir}\n")
+    run("ldconfig", "-r", tmp)
+    tmp.chmod(0o755)
+    return _finish(tmp, root)
+
+
+# --- bundles -----------------------------------------------------------------------------
+
+
+def default_spec(args: list[str], env: list[str] | None = None, rootfs_path: str = "rootfs") -> dict:
+    """A config.json shaped like the one ``runc spec`` writes (terminal off)."""
+    caps = ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"]
+    return {
+        "ociVersion": "1.0.2-dev",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": args,
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                    "TERM=xterm"] + list(env or []),
+            "cwd": "/",
+            "capabilities": {k: caps for k in ("bounding", "effective", "inheritable", "permitted", "ambient")},
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+            "noNewPrivileges": True,
+        },
+        "root": {"path": rootfs_path, "readonly": True},
+        "hostname": "runc",
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+             "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+             "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+            {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+             "options": ["nosuid", "noexec", "nodev"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+             "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+             "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]},
+        ],
+        "linux": {
+            "resources": {"devices": [{"allow": False, "access": "rwm"}]},
+            "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
+            "maskedPaths": ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys",
+                            "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+                            "/proc/sched_debug", "/sys/firmware", "/proc/scsi"],
+            "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys",
+                              "/proc/sysrq-trigger"],
+        },
+    }
+
+
+def bundle(dest: Path, root: Path, args: list[str], env: list[str] | None = None, **spec_updates) -> Path:
+    """Write an OCI bundle at ``dest`` whose rootfs is a symlink to ``root`` (never copied)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    link = dest / "rootfs"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(root)
+    spec = default_spec(args, env)
+    spec.update(spec_updates)
+    (dest / "config.json").write_text(json.dumps(spec, indent=2))
+    return dest
+
+
+def demo_bundle() -> Path:
+    return bundle(
+        CACHE / "bundles/demo",
+        rootfs("debian"),
+        ["sh", "-c", "ls -l /dev/nvidia*; cudacheck; nvidia-smi; echo \"nvidia-smi exited $?\""],
+        ["NVIDIA_VISIBLE_DEVICES=all"],
+    )
+
+
+def main() -> int:
+    paths = {
+        "driver": driver_535(),
+        "rootfs-debian": rootfs("debian"),
+        "rootfs-lib64": rootfs("lib64"),
+        "demo": demo_bundle(),
+    }
+    for name, path in paths.items():
+        print(f"{name}\t{path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
