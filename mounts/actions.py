@@ -1,0 +1,68 @@
+"""The mount plan's actions: one frozen msgspec Struct per kind, tagged by ``kind``.
+
+They are both the plan ``sandbox plan --json`` prints and the frames the supervisor streams
+to the gofer, so the two can never disagree. ``source`` is a host path, ``target`` a path in
+the container (resolved by the gofer inside the rootfs, never outside it).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from mounts.ldcache import Entry
+
+RO_LIB = ("ro", "nosuid", "nodev")
+RO_DEV = ("ro", "nosuid", "noexec")
+IPC = ("nosuid", "nodev", "noexec")
+
+
+class Action(msgspec.Struct, frozen=True, tag_field="kind"):
+    source: str
+    target: str
+    flags: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return self.__struct_config__.tag
+
+
+class Library(Action, tag="library"):
+    pass
+
+
+class Binary(Action, tag="binary"):
+    pass
+
+
+class Firmware(Action, tag="firmware"):
+    pass
+
+
+class Ipc(Action, tag="ipc"):
+    pass
+
+
+class Device(Action, tag="device"):
+    major: int = 0
+    minor: int = 0
+
+
+class Symlink(Action, tag="symlink"):
+    """A link at ``target`` whose content is ``source`` (relative, in the same directory)."""
+
+
+class LdCache(Action, tag="ldcache"):
+    """The container's ld.so.cache: the image's own entries plus ``entries``, written by
+    the gofer into a private file bound read-only over ``target``."""
+
+    entries: tuple[Entry, ...] = ()
+
+
+class ProcFs(Action, tag="procfs"):
+    """A tmpfs at ``target`` with copies of the driver's proc files (``params`` with
+    ModifyDeviceFiles set to 0) and the selected GPUs' directories bound read-only."""
+
+    gpus: tuple[str, ...] = ()
+
+
+AnyAction = Library | Binary | Firmware | Ipc | Device | Symlink | LdCache | ProcFs

@@ -1,0 +1,177 @@
+"""glibc's ld.so.cache: read (old ``ld.so-1.7.0`` and new ``glibc-ld.so.cache1.1``) and write.
+
+Layout of the new format (all little-endian on the machines we serve)::
+
+    header  magic[17] "glibc-ld.so.cache", version[3] "1.1",
+            u32 nlibs, u32 len_strings, u8 flags, u8 pad[3], u32 extension_offset, u32 unused[3]
+    entries nlibs x {i32 flags; u32 key; u32 value; u32 osversion; u64 hwcap}
+    strings NUL-terminated; key/value are offsets from the start of this header
+
+The old format (``ld.so-1.7.0``, u32 nlibs, nlibs x {i32 flags; u32 key; u32 value}) may come
+first; then the new header follows at the next 8-byte boundary. Every offset read from a file
+is untrusted and checked against the file's size.
+
+glibc's loader binary-searches the entries with ``libcmp`` (digit runs compare as numbers), so
+the writer sorts them exactly as ldconfig does: descending by ``libcmp``, then by flags.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+
+import msgspec
+
+from mounts.errors import LdCacheError
+
+OLD_MAGIC = b"ld.so-1.7.0"
+NEW_MAGIC = b"glibc-ld.so.cache1.1"
+EXTENSION_MAGIC = 0xEAA42174
+HWCAP_EXTENSION = 1 << 62
+
+FLAG_ELF_LIBC6 = 0x0003
+FLAG_TYPE_MASK = 0x00FF
+FLAG_REQUIRED_MASK = 0xFF00
+FLAG_X8664_LIB64 = 0x0300
+FLAG_AARCH64_LIB64 = 0x0A00
+FLAGS_X86_64 = FLAG_ELF_LIBC6 | FLAG_X8664_LIB64
+FLAGS_I386 = FLAG_ELF_LIBC6
+
+_HEADER = struct.Struct("<20sIIB3xI12x")  # magic+version, nlibs, len_strings, flags, ext offset
+_ENTRY = struct.Struct("<iIIIQ")
+_OLD_ENTRY = struct.Struct("<iII")
+ENDIAN_LITTLE = 2
+
+
+class Entry(msgspec.Struct, frozen=True):
+    """One cache entry: the name the loader looks up, the file it maps to, its type flags."""
+
+    key: str
+    value: str
+    flags: int = FLAGS_X86_64
+    hwcap: int = 0
+
+    @property
+    def is_64bit(self) -> bool:
+        return self.flags & FLAG_REQUIRED_MASK != 0
+
+
+def _cstr(data: bytes, offset: int, path: str) -> str:
+    if not 0 <= offset < len(data):
+        raise LdCacheError(f"{path}: string offset {offset} is outside the file ({len(data)} bytes)")
+    end = data.find(b"\0", offset)
+    if end < 0:
+        raise LdCacheError(f"{path}: string at offset {offset} is not terminated")
+    try:
+        return data[offset:end].decode()
+    except UnicodeDecodeError:
+        raise LdCacheError(f"{path}: string at offset {offset} is not valid UTF-8") from None
+
+
+def parse(data: bytes, path: str = "ld.so.cache") -> list[Entry]:
+    """Entries of a cache image, in file order. Raises LdCacheError on any malformation."""
+    base = 0
+    if data.startswith(OLD_MAGIC):
+        if len(data) < 16:
+            raise LdCacheError(f"{path}: truncated old-format header")
+        (nold,) = struct.unpack_from("<I", data, 12)
+        old_end = 16 + nold * _OLD_ENTRY.size
+        if old_end > len(data):
+            raise LdCacheError(f"{path}: {nold} old-format entries do not fit in {len(data)} bytes")
+        base = (old_end + 7) & ~7
+        if not data.startswith(NEW_MAGIC, base):
+            return _parse_old(data, nold, old_end, path)
+    if not data.startswith(NEW_MAGIC, base):
+        raise LdCacheError(f"{path}: not an ld.so.cache (bad magic)")
+    if len(data) < base + _HEADER.size:
+        raise LdCacheError(f"{path}: truncated header")
+    _magic, nlibs, _len_strings, _flags, _ext = _HEADER.unpack_from(data, base)
+    first = base + _HEADER.size
+    if first + nlibs * _ENTRY.size > len(data):
+        raise LdCacheError(f"{path}: {nlibs} entries do not fit in {len(data)} bytes")
+    entries = []
+    for flags, key, value, _osv, hwcap in _ENTRY.iter_unpack(data[first:first + nlibs * _ENTRY.size]):
+        entries.append(Entry(_cstr(data, base + key, path), _cstr(data, base + value, path), flags, hwcap))
+    return entries
+
+
+def _parse_old(data: bytes, nlibs: int, strings: int, path: str) -> list[Entry]:
+    entries = []
+    for flags, key, value in _OLD_ENTRY.iter_unpack(data[16:16 + nlibs * _OLD_ENTRY.size]):
+        entries.append(Entry(_cstr(data, strings + key, path), _cstr(data, strings + value, path), flags))
+    return entries
+
+
+def read(path: str) -> list[Entry]:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise LdCacheError(f"{path}: cannot read: {e.strerror}") from None
+    return parse(data, path)
+
+
+def libcmp(a: str, b: str) -> int:
+    """glibc's _dl_cache_libcmp: runs of digits compare as numbers, digits after non-digits."""
+    x, y = a.encode(), b.encode()
+    i = j = 0
+    while i < len(x):
+        cx = x[i]
+        cy = y[j] if j < len(y) else 0
+        if 48 <= cx <= 57:
+            if not 48 <= cy <= 57:
+                return 1
+            m, n = i, j
+            while m < len(x) and 48 <= x[m] <= 57:
+                m += 1
+            while n < len(y) and 48 <= y[n] <= 57:
+                n += 1
+            diff = int(x[i:m]) - int(y[j:n])
+            if diff:
+                return diff
+            i, j = m, n
+        elif 48 <= cy <= 57:
+            return -1
+        elif cx != cy:
+            return cx - cy
+        else:
+            i += 1
+            j += 1
+    return -(y[j] if j < len(y) else 0)
+
+
+def _order(a: Entry, b: Entry) -> int:
+    res = libcmp(b.key, a.key)
+    if res == 0:
+        return (a.flags < b.flags) - (a.flags > b.flags)
+    return res
+
+
+def sort_entries(entries: list[Entry]) -> list[Entry]:
+    """The order ldconfig writes and the loader's binary search expects."""
+    return sorted(entries, key=functools.cmp_to_key(_order))
+
+
+def build(entries: list[Entry]) -> bytes:
+    """A new-format cache image of ``entries`` (sorted here; hwcap extensions not written)."""
+    entries = sort_entries(entries)
+    strings = bytearray()
+    offsets: dict[str, int] = {}
+    table_start = _HEADER.size + len(entries) * _ENTRY.size
+
+    def intern(s: str) -> int:
+        if s not in offsets:
+            offsets[s] = table_start + len(strings)
+            strings.extend(s.encode() + b"\0")
+        return offsets[s]
+
+    packed = [_ENTRY.pack(e.flags, intern(e.key), intern(e.value), 0, e.hwcap & ~HWCAP_EXTENSION)
+              for e in entries]
+    header = _HEADER.pack(NEW_MAGIC, len(entries), len(strings), ENDIAN_LITTLE, 0)
+    return header + b"".join(packed) + bytes(strings)
+
+
+def merge(base: list[Entry], added: list[Entry]) -> list[Entry]:
+    """The image's own entries plus ours; ours replace any image entry with the same key and flags."""
+    ours = {(e.key, e.flags) for e in added}
+    return [e for e in base if (e.key, e.flags) not in ours and not e.hwcap & HWCAP_EXTENSION] + added

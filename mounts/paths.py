@@ -1,0 +1,48 @@
+"""Lexical path resolution inside a root directory (no side effects, no ctypes).
+
+Used to read a driver root (where absolute symlinks such as ``/etc/alternatives/...`` mean
+"inside this root") and to look at an image before planning. It is not a security boundary:
+the gofer resolves every container path again with openat2(RESOLVE_IN_ROOT) before it acts.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+MAX_LINKS = 40
+
+
+def resolve_in_root(root: str, path: str) -> str | None:
+    """Host path of ``path`` (absolute or relative, inside ``root``), symlinks followed as if
+    ``root`` were ``/`` and ``..`` clamped at ``root``. None if a component is missing or
+    the links loop."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    done: list[str] = []
+    links = 0
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        candidate = os.path.join(root, *done, part)
+        try:
+            st = os.lstat(candidate)
+        except OSError:
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_LINKS:
+                return None
+            target = os.readlink(candidate)
+            if target.startswith("/"):
+                done = []
+            parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+            continue
+        done.append(part)
+    return os.path.join(root, *done) if done else root.rstrip("/") or "/"
+
+
+def exists_in_root(root: str, path: str) -> bool:
+    return resolve_in_root(root, path) is not None

@@ -1,0 +1,174 @@
+"""The GPU request a bundle makes: which devices, which capabilities, which requirements.
+
+Pure functions of the spec (and CLI overrides), following nvidia-container-toolkit's rules:
+``NVIDIA_VISIBLE_DEVICES``, ``NVIDIA_DRIVER_CAPABILITIES``, ``NVIDIA_REQUIRE_*``,
+``NVIDIA_DISABLE_REQUIRE``, legacy CUDA images, and ``linux.devices`` naming /dev/nvidiactl.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+
+import msgspec
+
+from mounts.errors import RequestError
+from mounts.spec import Spec
+
+CAPABILITIES = ("compute", "utility", "video", "graphics", "display", "ngx", "compat32")
+DEFAULT_CAPABILITIES = frozenset({"compute", "utility"})
+NVIDIA_DEV = re.compile(r"/dev/nvidia(\d+)")
+
+
+class GpuRequest(msgspec.Struct, frozen=True):
+    devices: tuple[str, ...]  # ("all",), () for "none", or the entries as given
+    capabilities: frozenset[str]
+    requirements: tuple[tuple[str, str], ...] = ()  # (env name, expression)
+    source: str = "NVIDIA_VISIBLE_DEVICES"  # where the device list came from, for messages
+
+
+def parse_capabilities(value: str | None, where: str = "NVIDIA_DRIVER_CAPABILITIES") -> frozenset[str]:
+    if value is None or value.strip() == "":
+        return DEFAULT_CAPABILITIES
+    caps = {c.strip() for c in value.split(",") if c.strip()}
+    if "all" in caps:
+        return frozenset(CAPABILITIES)
+    unknown = sorted(caps - set(CAPABILITIES))
+    if unknown:
+        raise RequestError(f"{where}: unknown capability {unknown[0]!r} "
+                           f"(expected a comma list of {', '.join(CAPABILITIES)} or all)")
+    return frozenset(caps)
+
+
+def parse_devices(value: str) -> tuple[str, ...]:
+    entries = tuple(e.strip() for e in value.split(",") if e.strip())
+    if "all" in entries:
+        return ("all",)
+    if entries == ("none",):
+        return ()
+    return entries
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def gpu_request(spec: Spec, gpus: str | None = None, capabilities: str | None = None) -> GpuRequest | None:
+    """The GPU request of ``spec``, or None when it asks for no GPU.
+
+    ``gpus`` and ``capabilities`` are the CLI's ``--gpus`` and ``--capabilities``: they
+    override the environment.
+    """
+    env = spec.process.getenv if spec.process is not None else (lambda _name: None)
+    visible = env("NVIDIA_VISIBLE_DEVICES")
+    caps_env = env("NVIDIA_DRIVER_CAPABILITIES")
+    legacy = env("CUDA_VERSION") is not None and env("NVIDIA_REQUIRE_CUDA") is None
+    source = "NVIDIA_VISIBLE_DEVICES"
+
+    if gpus is not None:
+        visible, source = gpus, "--gpus"
+    elif visible is None and legacy:
+        visible = "all"
+    elif visible is None:
+        listed = _listed_gpus(spec)
+        if listed is not None:
+            # The GKE way: nodes named in linux.devices, libraries come as ordinary mounts.
+            caps = parse_capabilities(capabilities, "--capabilities") if capabilities else (
+                parse_capabilities(caps_env) if caps_env else frozenset())
+            return GpuRequest(listed, caps, source="linux.devices")
+    if visible is None or visible.strip() in ("", "void"):
+        return None
+
+    if capabilities is not None:
+        caps = parse_capabilities(capabilities, "--capabilities")
+    elif legacy and caps_env is None:
+        caps = frozenset(CAPABILITIES)
+    else:
+        caps = parse_capabilities(caps_env)
+
+    requirements: list[tuple[str, str]] = []
+    if not _truthy(env("NVIDIA_DISABLE_REQUIRE")) and spec.process is not None:
+        names = sorted({i.partition("=")[0] for i in spec.process.env if i.startswith("NVIDIA_REQUIRE_")})
+        for name in names:
+            value = env(name) or ""
+            if value.strip():
+                requirements.append((name, value))
+        if legacy:
+            cuda = env("CUDA_VERSION") or ""
+            m = re.match(r"(\d+)\.(\d+)", cuda)
+            if not m:
+                raise RequestError(f"CUDA_VERSION: {cuda!r} is not a version (major.minor)")
+            requirements.append(("CUDA_VERSION", f"cuda>={m.group(1)}.{m.group(2)}"))
+    return GpuRequest(parse_devices(visible), caps, tuple(requirements), source)
+
+
+def _listed_gpus(spec: Spec) -> tuple[str, ...] | None:
+    paths = [d.path for d in spec.linux.devices]
+    if "/dev/nvidiactl" not in paths:
+        return None
+    return tuple(m.group(1) for p in paths if (m := NVIDIA_DEV.fullmatch(p)))
+
+
+# --- requirements ------------------------------------------------------------------------
+
+_OPS = {">=": operator.ge, "<=": operator.le, "!=": operator.ne, "==": operator.eq,
+        "=": operator.eq, ">": operator.gt, "<": operator.lt}
+_COND = re.compile(r"^(cuda|driver|arch|brand)(>=|<=|!=|==|=|>|<)(.+)$")
+
+
+def _version_tuple(v: str, where: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in v.split("."))
+    except ValueError:
+        raise RequestError(f"{where}: {v!r} is not a version") from None
+
+
+def brand_of(model: str) -> str:
+    """The brand nvidia-container-cli reports, from the model name in /proc."""
+    m = model.lower()
+    for brand in ("tesla", "quadro", "geforce", "titan", "nvs", "grid"):
+        if brand in m:
+            return brand
+    if "rtx" in m:
+        return "nvidiartx"
+    return "nvidia"
+
+
+def check_requirements(request: GpuRequest, driver_version: str, cuda: str | None,
+                       brands: list[str], archs: list[str]) -> None:
+    """Raise RequestError naming the first requirement (env var and expression) not met.
+
+    Space separates alternatives (OR), comma separates conditions (AND). ``arch`` can only be
+    met when the GPUs' architectures are known; /proc does not show them, so an ``arch``
+    condition is false unless ``archs`` is given.
+    """
+    facts = {"cuda": [cuda] if cuda else [], "driver": [driver_version]}
+    for name, expr in request.requirements:
+        where = f"{name}={expr!r}"
+        alternatives = expr.split()
+        if not any(_holds(alt, facts, brands, archs, where) for alt in alternatives):
+            have = f"driver {driver_version}, CUDA {cuda or 'unknown'}"
+            raise RequestError(f"requirement {where} not met ({have})")
+
+
+def _holds(alternative: str, facts, brands, archs, where: str) -> bool:
+    for cond in alternative.split(","):
+        m = _COND.match(cond.strip())
+        if not m:
+            raise RequestError(f"{where}: cannot parse condition {cond!r} "
+                               "(expected cuda|driver|arch|brand, an operator and a value)")
+        key, op, value = m.groups()
+        fn = _OPS[op]
+        if key in ("cuda", "driver"):
+            want = _version_tuple(value, where)
+            got = [_version_tuple(v, where) for v in facts[key]]
+            # compare on the precision the condition gives (cuda>=12 means 12.x)
+            if not got or not all(fn(g[:len(want)], want) for g in got):
+                return False
+        elif key == "brand":
+            if not brands or not all(fn(b, value.lower()) for b in brands):
+                return False
+        else:
+            if not archs or not all(fn(_version_tuple(a, where), _version_tuple(value, where)) for a in archs):
+                return False
+    return True

@@ -1,0 +1,183 @@
+"""The OCI runtime spec (the parts we read), decoded and validated with msgspec.
+
+Accepts what ``runc spec`` and ``crun spec`` write. Fields we parse but do not enforce are
+listed by ``unenforced()`` so the CLI can name them once in a warning, never drop them silently.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgspec
+
+from mounts.errors import BundleError
+
+
+class _S(msgspec.Struct, rename="camel", frozen=True, omit_defaults=True):
+    pass
+
+
+class User(_S):
+    uid: int = 0
+    gid: int = 0
+    umask: int | None = None
+    additional_gids: list[int] = []
+
+
+class Capabilities(_S):
+    bounding: list[str] = []
+    effective: list[str] = []
+    inheritable: list[str] = []
+    permitted: list[str] = []
+    ambient: list[str] = []
+
+
+class Rlimit(_S):
+    type: str
+    hard: int
+    soft: int
+
+
+class Process(_S):
+    args: list[str]
+    cwd: str = "/"
+    env: list[str] = []
+    terminal: bool = False
+    user: User = User()
+    capabilities: Capabilities | None = None
+    rlimits: list[Rlimit] = []
+    no_new_privileges: bool = False
+    console_size: Any = None
+    apparmor_profile: str | None = None
+    selinux_label: str | None = None
+    oom_score_adj: int | None = None
+
+    def getenv(self, name: str) -> str | None:
+        """The last value of ``name`` in ``env`` (as execve's consumers see it), or None."""
+        prefix = name + "="
+        found = None
+        for item in self.env:
+            if item.startswith(prefix):
+                found = item[len(prefix):]
+        return found
+
+
+class Root(_S):
+    path: str
+    readonly: bool = False
+
+
+class Mount(_S):
+    destination: str
+    type: str | None = None
+    source: str | None = None
+    options: list[str] = []
+
+
+class Hook(_S):
+    path: str
+    args: list[str] = []
+    env: list[str] = []
+    timeout: int | None = None
+
+
+class Hooks(_S):
+    prestart: list[Hook] = []
+    create_runtime: list[Hook] = []
+    create_container: list[Hook] = []
+    start_container: list[Hook] = []
+    poststart: list[Hook] = []
+    poststop: list[Hook] = []
+
+
+class Namespace(_S):
+    type: str
+    path: str | None = None
+
+
+class Device(_S):
+    path: str
+    type: str
+    major: int | None = None
+    minor: int | None = None
+    file_mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+
+class Linux(_S):
+    namespaces: list[Namespace] = []
+    devices: list[Device] = []
+    masked_paths: list[str] = []
+    readonly_paths: list[str] = []
+    rootfs_propagation: str | None = None
+    # parsed but not enforced by this launcher (named in a warning when set)
+    resources: Any = None
+    cgroups_path: str | None = None
+    seccomp: Any = None
+    sysctl: Any = None
+    uid_mappings: Any = None
+    gid_mappings: Any = None
+    mount_label: str | None = None
+    intel_rdt: Any = None
+    personality: Any = None
+
+
+class Spec(_S):
+    oci_version: str
+    root: Root
+    process: Process | None = None
+    hostname: str | None = None
+    mounts: list[Mount] = []
+    hooks: Hooks | None = None
+    annotations: dict[str, str] = {}
+    linux: Linux = Linux()
+
+    def unenforced(self) -> list[str]:
+        """Names of the fields this spec sets that the launcher does not enforce."""
+        fields = [(self.linux, "linux", _UNENFORCED_LINUX), (self.process, "process", _UNENFORCED_PROCESS)]
+        return [f"{where}.{camel}" for obj, where, names in fields if obj is not None
+                for attr, camel in names if getattr(obj, attr) is not None]
+
+
+_UNENFORCED_LINUX = (("resources", "resources"), ("seccomp", "seccomp"), ("sysctl", "sysctl"),
+                     ("uid_mappings", "uidMappings"), ("gid_mappings", "gidMappings"),
+                     ("intel_rdt", "intelRdt"), ("personality", "personality"))
+_UNENFORCED_PROCESS = (("apparmor_profile", "apparmorProfile"), ("selinux_label", "selinuxLabel"),
+                       ("oom_score_adj", "oomScoreAdj"))
+
+_decoder = msgspec.json.Decoder(Spec)
+
+
+def parse_spec(data: bytes, path: str = "config.json") -> Spec:
+    try:
+        return _decoder.decode(data)
+    except msgspec.ValidationError as e:
+        raise BundleError(f"{path}: {e}") from None
+    except msgspec.DecodeError as e:
+        raise BundleError(f"{path}: invalid JSON: {e}") from None
+
+
+class Bundle(msgspec.Struct, frozen=True):
+    path: str  # absolute bundle directory
+    spec: Spec
+    rootfs: str  # absolute path of the root filesystem (as the host sees it)
+
+
+def load_bundle(path: str) -> Bundle:
+    """Read and validate ``<path>/config.json``; check the root filesystem exists."""
+    bundle = os.path.abspath(path)
+    config = os.path.join(bundle, "config.json")
+    try:
+        with open(config, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise BundleError(f"{config}: no such file (is {path} an OCI bundle?)") from None
+    except OSError as e:
+        raise BundleError(f"{config}: cannot read: {e.strerror}") from None
+    spec = parse_spec(data, config)
+    rootfs = os.path.join(bundle, spec.root.path)
+    if not os.path.isdir(rootfs):
+        raise BundleError(f"{config}: root.path {spec.root.path!r} is not a directory")
+    return Bundle(bundle, spec, os.path.realpath(rootfs))

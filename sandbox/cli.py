@@ -1,0 +1,76 @@
+"""``sandbox``: the command line. Each verb is a short module in sandbox/; this file only
+parses arguments, calls the verb, and turns a SandboxError into one line and an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+VERBS = {
+    "plan": "print the GPU mount plan for a bundle",
+    "run": "run an OCI bundle, with the host's NVIDIA GPUs when it asks for them",
+    "trace": "print (or draw) the phases of a startup trace",
+    "hook": "OCI prestart/createRuntime hook for runc and crun (hook install: add it to a bundle)",
+}
+
+
+def _gpu_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--driver-root", default="/", help="where the driver is installed (default /)")
+    p.add_argument("--gpus", help="override NVIDIA_VISIBLE_DEVICES (all, none, indices, UUIDs, bus ids)")
+    p.add_argument("--capabilities", help="override NVIDIA_DRIVER_CAPABILITIES")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="sandbox", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    p = sub.add_parser("plan", help=VERBS["plan"])
+    p.add_argument("bundle")
+    _gpu_options(p)
+    p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+
+    p = sub.add_parser("run", help=VERBS["run"])
+    p.add_argument("bundle")
+    _gpu_options(p)
+    p.add_argument("--id", help="container id (default: the bundle directory's name)")
+    p.add_argument("--root", default="/run/sandbox", help="state directory (default /run/sandbox)")
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome trace-event JSON of the startup")
+
+    p = sub.add_parser("trace", help=VERBS["trace"])
+    p.add_argument("file")
+    p.add_argument("--svg", metavar="FILE", help="also draw the timeline as an SVG picture")
+
+    p = sub.add_parser("hook", help=VERBS["hook"])
+    p.add_argument("action", nargs="?", choices=["install"], help="install: add the hook to a bundle")
+    p.add_argument("bundle", nargs="?", help="(install) the bundle whose config.json gets the hook")
+    p.add_argument("--driver-root", default="/", help="where the driver is installed (default /)")
+    p.add_argument("--capabilities", help="capabilities allowed at most (default: any)")
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome trace-event JSON of the hook")
+    p.add_argument("--stage", choices=["prestart", "createRuntime"], default="createRuntime",
+                   help="(install) which hook list to add it to")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from mounts.errors import SandboxError
+
+    try:
+        if args.verb == "plan":
+            from sandbox import plan_cmd as verb
+        elif args.verb == "run":
+            from sandbox import run_cmd as verb
+        elif args.verb == "trace":
+            from sandbox import trace_cmd as verb
+        else:
+            from sandbox import hook_cmd as verb
+        return verb.main(args)
+    except SandboxError as e:
+        print(f"sandbox {args.verb}: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

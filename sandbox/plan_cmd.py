@@ -1,0 +1,39 @@
+"""``sandbox plan BUNDLE``: print the GPU mount plan (a table, or JSON with --json)."""
+
+from __future__ import annotations
+
+import sys
+
+import msgspec
+
+from mounts.driver import discover
+from mounts.plan import Plan, compute_plan, layout_of
+from mounts.request import gpu_request
+from mounts.spec import load_bundle
+
+
+def make_plan(bundle_path: str, driver_root: str, gpus: str | None, capabilities: str | None) -> Plan:
+    bundle = load_bundle(bundle_path)
+    request = gpu_request(bundle.spec, gpus, capabilities)
+    inventory = discover(driver_root) if request is not None else None
+    return compute_plan(request, inventory, layout_of(bundle.rootfs))
+
+
+def main(args) -> int:
+    plan = make_plan(args.bundle, args.driver_root, args.gpus, args.capabilities)
+    out = sys.stdout
+    if args.json:
+        out.write(msgspec.json.encode(plan).decode() + "\n")
+        return 0
+    if not plan.actions:
+        out.write("no GPU requested: empty plan\n")
+        return 0
+    d = plan.driver
+    out.write(f"driver {d['version']} (CUDA {d['cuda']}) at {d['root']}; "
+              f"GPUs: {', '.join(f'{g.index}:{g.busid}' for g in plan.gpus) or 'none'}\n")
+    rows = [(a.kind, a.target, a.source if a.kind != "ldcache" else f"{len(a.entries)} entries",
+             ",".join(a.flags)) for a in plan.actions]
+    widths = [max(len(r[i]) for r in rows + [("KIND", "TARGET", "SOURCE", "FLAGS")]) for i in range(3)]
+    for r in [("KIND", "TARGET", "SOURCE", "FLAGS")] + rows:
+        out.write(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}\n")
+    return 0
