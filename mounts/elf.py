@@ -61,6 +61,8 @@ def _read_le(f, cls: int) -> ElfInfo:
         raise ElfError(f"unexpected program header size {phentsize}")
     f.seek(phoff)
     table = f.read(phnum * phentsize)
+    if len(table) < phnum * phentsize:
+        raise ElfError("truncated ELF file: program headers end past the end of the file")
     loads, dynamic = [], None
     for ph in phdr.iter_unpack(table):
         if cls == 1:  # p_type, p_offset, p_vaddr, p_paddr, p_filesz, ...
@@ -74,7 +76,10 @@ def _read_le(f, cls: int) -> ElfInfo:
     tags: list[tuple[int, int]] = []
     if dynamic is not None:
         f.seek(dynamic[0])
-        data = f.read(dynamic[1] - dynamic[1] % dyn.size)
+        want = dynamic[1] - dynamic[1] % dyn.size
+        data = f.read(want)
+        if len(data) < want:
+            raise ElfError("truncated ELF file: PT_DYNAMIC ends past the end of the file")
         for tag, val in dyn.iter_unpack(data):
             if tag == DT_NULL:
                 break

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -197,7 +198,7 @@ def synthetic_driver(n_libs: int, n_gpus: int = 2, version: str = "999.1.2") -> 
         out = libdir / f"{name}.so.{version}"
         cmd = ["gcc", "-shared", "-nostdlib", "-o", out, src, f"-Wl,-soname,{name}.so.1"]
         if i + 1 < n_libs:
-            cmd += [libdir / f"{names[i + 1]}.so.{version}"]
+            cmd += ["-Wl,--no-as-needed", libdir / f"{names[i + 1]}.so.{version}"]
         run(*cmd)
         (libdir / f"{name}.so.1").symlink_to(out.name)
     src.unlink()
@@ -341,8 +342,8 @@ def main() -> int:
         "rootfs-lib64": rootfs("lib64"),
         "demo": demo_bundle(),
     }
-    for name, path in paths.items():
-        print(f"{name}\t{path}")
+    for name, path in paths.items():  # shell assignments: eval "$(scripts/fixtures.py)"
+        print(f"{name.replace('-', '_')}={shlex.quote(str(path))}")
     return 0
 
 

@@ -1,0 +1,63 @@
+"""Shared fixtures: the real 535 driver root, container roots and bundles (built once, cached
+under .cache/ by scripts/fixtures.py)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+import fixtures  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def driver_root() -> Path:
+    """The real NVIDIA 535 driver files under a fixture driver root, with a persistenced
+    socket that really listens while the tests run."""
+    root = fixtures.driver_535()
+    path = root / "var/run/nvidia-persistenced/socket"
+    if path.exists() or path.is_socket():
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen(1)
+    yield root
+    sock.close()
+    path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def driver_version(driver_root) -> str:
+    return fixtures.DRIVER_VERSION
+
+
+@pytest.fixture(scope="session")
+def rootfs_debian() -> Path:
+    return fixtures.rootfs("debian")
+
+
+@pytest.fixture(scope="session")
+def rootfs_lib64() -> Path:
+    return fixtures.rootfs("lib64")
+
+
+@pytest.fixture
+def make_bundle(tmp_path, rootfs_debian):
+    """make_bundle(args, env=[...], rootfs=..., **spec_fields) -> bundle dir."""
+    count = iter(range(1000))
+
+    def make(args=("true",), env=(), rootfs=None, **spec):
+        return fixtures.bundle(tmp_path / f"bundle{next(count)}", rootfs or rootfs_debian,
+                               list(args), list(env), **spec)
+
+    return make
+
+
+def root_required():
+    return pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mounts, namespaces)")

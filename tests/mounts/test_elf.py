@@ -1,0 +1,47 @@
+import os
+
+import pytest
+
+from mounts.elf import read_elf, read_elf_pyelftools
+from mounts.errors import ElfError
+
+
+def driver_files(root):
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if ".so" in name and not os.path.islink(path):
+                yield path
+
+
+def test_fast_reader_agrees_with_pyelftools(driver_root, rootfs_debian):
+    paths = list(driver_files(driver_root / "usr/lib")) + list(driver_files(rootfs_debian / "usr/lib"))
+    assert len(paths) > 25
+    for path in paths:
+        with open(path, "rb") as f:
+            assert read_elf(path) == read_elf_pyelftools(f), path
+
+
+def test_soname_and_needed(driver_root, driver_version):
+    info = read_elf(str(driver_root / f"usr/lib/x86_64-linux-gnu/nvidia/current/libGLX_nvidia.so.{driver_version}"))
+    assert info.soname == "libGLX_nvidia.so.0"
+    assert f"libnvidia-glcore.so.{driver_version}" in info.needed
+    assert info.elfclass == 64 and info.machine == "EM_X86_64"
+
+
+def test_truncated_files_give_clear_errors(tmp_path, driver_root, driver_version):
+    data = (driver_root / f"usr/lib/x86_64-linux-gnu/libnvidia-tls.so.{driver_version}").read_bytes()
+    cut = tmp_path / "cut.so"
+    for n in (0, 3, 10, 20, 63, 64, 100, 500):
+        cut.write_bytes(data[:n])
+        with pytest.raises(ElfError, match=str(cut)):
+            read_elf(str(cut))
+
+
+def test_not_elf_and_missing(tmp_path):
+    p = tmp_path / "text.so"
+    p.write_text("hello")
+    with pytest.raises(ElfError, match="bad magic"):
+        read_elf(str(p))
+    with pytest.raises(ElfError, match="cannot read"):
+        read_elf(str(tmp_path / "missing.so"))

@@ -1,0 +1,142 @@
+import re
+import shutil
+import subprocess
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mounts import ldcache
+from mounts.errors import LdCacheError
+
+LINE = re.compile(r"^\t(\S+) \(([^)]*)\) => (.+)$")
+
+
+def ldconfig_p(path) -> list[tuple[str, bool, str]]:
+    """(key, is 64-bit, value) as glibc's ldconfig -p prints them, in order."""
+    out = subprocess.run(["ldconfig", "-p", "-C", str(path)], capture_output=True, text=True, check=True)
+    rows = []
+    for line in out.stdout.splitlines():
+        m = LINE.match(line)
+        if m:
+            rows.append((m.group(1), "x86-64" in m.group(2), m.group(3)))
+    return rows
+
+
+def ours(path) -> list[tuple[str, bool, str]]:
+    return [(e.key, e.is_64bit, e.value) for e in ldcache.read(str(path))]
+
+
+@pytest.mark.parametrize("which", ["host", "driver"])
+def test_reader_matches_ldconfig(which, driver_root):
+    path = "/etc/ld.so.cache" if which == "host" else driver_root / "etc/ld.so.cache"
+    expected = ldconfig_p(path)
+    assert expected, "the oracle printed nothing"
+    assert ours(path) == expected
+
+
+@pytest.mark.parametrize("fmt", ["old", "compat", "new"])
+def test_reader_formats_match_ldconfig(fmt, tmp_path, rootfs_lib64):
+    root = tmp_path / "root"
+    shutil.copytree(rootfs_lib64, root, symlinks=True)
+    subprocess.run(["ldconfig", "-c", fmt, "-C", "/etc/test.cache", "-r", str(root)], check=True)
+    path = root / "etc/test.cache"
+    data = path.read_bytes()
+    assert data.startswith(ldcache.OLD_MAGIC if fmt != "new" else ldcache.NEW_MAGIC)
+    assert ours(path) == ldconfig_p(path) and len(ours(path)) == 6
+
+
+def test_libcmp_sorts_like_ldconfig():
+    host = ldcache.read("/etc/ld.so.cache")
+    assert ldcache.sort_entries(list(reversed(host))) == host
+
+
+def test_libcmp_digits_compare_as_numbers():
+    assert ldcache.libcmp("libfoo.so.10", "libfoo.so.9") > 0
+    assert ldcache.libcmp("libfoo.so.1", "libfoo.so.1") == 0
+    assert ldcache.libcmp("libfoo.so", "libfoo.so.1") < 0
+    assert ldcache.libcmp("lib2", "libx") > 0  # a digit sorts after any other character
+
+
+def test_writer_lists_exactly_the_entries(tmp_path, driver_root):
+    entries = ldcache.read(str(driver_root / "etc/ld.so.cache"))[::-1]
+    entries.append(ldcache.Entry("libi386only.so.1", "/usr/lib/i386-linux-gnu/libi386only.so.1", ldcache.FLAGS_I386))
+    path = tmp_path / "ld.so.cache"
+    path.write_bytes(ldcache.build(entries))
+    got = ldconfig_p(path)
+    assert sorted(got) == sorted((e.key, e.is_64bit, e.value) for e in entries)
+    assert ours(path) == got
+
+
+def test_loader_finds_library_only_the_written_cache_points_to(tmp_path, rootfs_debian):
+    """glibc's loader, chrooted into a copy of the rootfs, finds /opt/hidden/libhidden.so.1
+    through the cache we wrote, and not without it."""
+    root = tmp_path / "root"
+    shutil.copytree(rootfs_debian, root, symlinks=True)
+    (root / "opt/hidden").mkdir(parents=True)
+    src = tmp_path / "hidden.c"
+    src.write_text("int cuInit(unsigned flags) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libhidden.so.1", "-o",
+                    str(root / "opt/hidden/libhidden.so.1"), str(src)], check=True)
+    base = ldcache.read(str(root / "etc/ld.so.cache"))
+
+    def attempt(entries):
+        (root / "etc/ld.so.cache").write_bytes(ldcache.build(entries))
+        return subprocess.run(["chroot", str(root), "/usr/bin/cudacheck", "libhidden.so.1"],
+                              capture_output=True, text=True)
+
+    without = attempt(base)
+    assert without.returncode == 2 and "libhidden.so.1" in without.stderr
+    added = ldcache.Entry("libhidden.so.1", "/opt/hidden/libhidden.so.1")
+    found = attempt(ldcache.merge(base, [added]))
+    assert found.returncode == 0, found.stderr
+    assert "cuInit found" in found.stdout
+
+
+def test_merge_replaces_same_key_and_keeps_the_rest():
+    base = [ldcache.Entry("libc.so.6", "/lib/libc.so.6"), ldcache.Entry("libcuda.so.1", "/old/libcuda.so.1")]
+    new = [ldcache.Entry("libcuda.so.1", "/new/libcuda.so.1")]
+    assert ldcache.merge(base, new) == [base[0], new[0]]
+
+
+def test_truncations_give_clear_errors(driver_root):
+    data = (driver_root / "etc/ld.so.cache").read_bytes()
+    for n in list(range(0, 200)) + list(range(len(data) - 300, len(data) - 1)):
+        try:
+            ldcache.parse(data[:n], "cut.cache")
+        except LdCacheError as e:
+            assert str(e).startswith("cut.cache: ")
+
+
+def test_bad_offsets_are_bounds_checked(driver_root):
+    data = bytearray((driver_root / "etc/ld.so.cache").read_bytes())
+    # first entry's key offset -> far outside the file
+    data[48 + 4:48 + 8] = (10**9).to_bytes(4, "little")
+    with pytest.raises(LdCacheError, match="outside the file"):
+        ldcache.parse(bytes(data), "bad.cache")
+    data = bytearray((driver_root / "etc/ld.so.cache").read_bytes())
+    data[20:24] = (10**8).to_bytes(4, "little")  # nlibs
+    with pytest.raises(LdCacheError, match="do not fit"):
+        ldcache.parse(bytes(data), "bad.cache")
+
+
+def test_not_a_cache():
+    with pytest.raises(LdCacheError, match="bad magic"):
+        ldcache.parse(b"\x7fELF" + bytes(100), "x")
+    with pytest.raises(LdCacheError, match="cannot read"):
+        ldcache.read("/nonexistent/ld.so.cache")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_fuzzed_caches_parse_or_fail_cleanly(data):
+    good = ldcache.build([ldcache.Entry(f"libx{i}.so.1", f"/usr/lib/libx{i}.so.1") for i in range(4)])
+    blob = bytearray(good)
+    for _ in range(data.draw(st.integers(1, 8))):
+        pos = data.draw(st.integers(0, len(blob) - 1))
+        blob[pos] = data.draw(st.integers(0, 255))
+    try:
+        entries = ldcache.parse(bytes(blob), "fuzz")
+    except LdCacheError:
+        return
+    assert all(isinstance(e.key, str) for e in entries)

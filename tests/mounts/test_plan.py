@@ -1,0 +1,138 @@
+"""The plan on the real 535 fixture, checked against the fixture's own files."""
+
+import os
+
+import pytest
+
+from mounts import actions as A
+from mounts.driver import discover
+from mounts.elf import read_elf
+from mounts.errors import RequestError
+from mounts.plan import Layout, compute_plan, layout_of
+from mounts.request import gpu_request
+from mounts.spec import load_bundle
+
+DEB = Layout("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
+COMPUTE_UTILITY_LIBS = {"libcuda", "libcudadebugger", "libnvidia-ptxjitcompiler", "libnvidia-nvvm",
+                        "libnvidia-allocator", "libnvidia-pkcs11-openssl3", "libnvidia-ml", "libnvidia-cfg"}
+GRAPHICS_LIBS = {"libGLX_nvidia", "libEGL_nvidia", "libGLESv2_nvidia", "libnvidia-eglcore",
+                 "libnvidia-glcore", "libnvidia-tls", "libnvidia-glsi", "libnvidia-glvkspirv",
+                 "libnvidia-rtcore", "libnvidia-fbc"}
+
+
+@pytest.fixture(scope="module")
+def inventory(driver_root):
+    return discover(str(driver_root))
+
+
+def plan_for(make_bundle, inventory, env, **kw):
+    bundle = load_bundle(str(make_bundle(env=env)))
+    return compute_plan(gpu_request(bundle.spec, **kw), inventory, layout_of(bundle.rootfs))
+
+
+def by_kind(plan, kind):
+    return [a for a in plan.actions if a.kind == kind]
+
+
+def stems(plan, version):
+    names = [os.path.basename(a.target) for a in by_kind(plan, "library")]
+    assert all(n.endswith(".so." + version) for n in names)
+    return {n[: -len(".so." + version)] for n in names}
+
+
+def test_compute_utility_all(make_bundle, inventory, driver_root, driver_version):
+    plan = plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=all"])
+    assert stems(plan, driver_version) == COMPUTE_UTILITY_LIBS
+    for a in by_kind(plan, "library"):
+        assert os.path.isfile(a.source) and a.source.startswith(str(driver_root))
+        assert a.target.startswith("/usr/lib/x86_64-linux-gnu/") and a.flags == ("ro", "nosuid", "nodev")
+    assert {os.path.basename(a.target) for a in by_kind(plan, "binary")} == {
+        "nvidia-smi", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"}
+    assert {a.target for a in by_kind(plan, "device")} == {
+        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0", "/dev/nvidia1"}
+    firmware = sorted(os.listdir(driver_root / f"lib/firmware/nvidia/{driver_version}"))
+    assert [os.path.basename(a.target) for a in by_kind(plan, "firmware")] == firmware
+    assert [a.target for a in by_kind(plan, "ipc")] == ["/var/run/nvidia-persistenced/socket"]
+    assert {a.kind for a in plan.actions} == {"device", "library", "symlink", "binary", "firmware",
+                                              "ipc", "procfs", "ldcache"}
+    assert plan.actions[-1].kind == "ldcache"
+
+
+def test_symlinks_and_cache_follow_sonames(make_bundle, inventory, driver_version):
+    plan = plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=all"])
+    links = {a.target: a.source for a in by_kind(plan, "symlink")}
+    for lib in by_kind(plan, "library"):
+        soname = read_elf(lib.source).soname
+        if soname != os.path.basename(lib.target):
+            assert links[os.path.join(os.path.dirname(lib.target), soname)] == os.path.basename(lib.target)
+    d = "/usr/lib/x86_64-linux-gnu"
+    assert links[f"{d}/libcuda.so"] == "libcuda.so.1"
+    (cache,) = by_kind(plan, "ldcache")
+    keys = {e.key: e.value for e in cache.entries}
+    assert keys["libcuda.so.1"] == f"{d}/libcuda.so.1" and keys["libnvidia-ml.so.1"] == f"{d}/libnvidia-ml.so.1"
+
+
+def test_graphics_adds_gl_with_its_closure(make_bundle, inventory, driver_version):
+    plan = plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=all",
+                                             "NVIDIA_DRIVER_CAPABILITIES=compute,utility,graphics"])
+    assert stems(plan, driver_version) == COMPUTE_UTILITY_LIBS | GRAPHICS_LIBS
+    planned = {os.path.basename(a.target) for a in by_kind(plan, "library")}
+    driver_names = {lib.name for lib in inventory.libraries} | {lib.key for lib in inventory.libraries}
+    for lib in by_kind(plan, "library"):
+        for needed in read_elf(lib.source).needed:
+            if needed in driver_names:  # every driver library a planned one needs is planned
+                assert needed in planned or any(
+                    os.path.basename(a.target) == needed for a in by_kind(plan, "symlink")), needed
+    links = {os.path.basename(a.target): a.source for a in by_kind(plan, "symlink")}
+    assert links["libGLX_indirect.so.0"] == f"libGLX_nvidia.so.{driver_version}"
+
+
+def test_one_gpu_by_index_uuid_and_busid(make_bundle, inventory):
+    gpu1 = inventory.gpus[1]
+    for value in ("1", gpu1.uuid, gpu1.busid, "00000000:" + gpu1.busid.split(":", 1)[1].upper()):
+        plan = plan_for(make_bundle, inventory, [f"NVIDIA_VISIBLE_DEVICES={value}"])
+        devs = {a.target for a in by_kind(plan, "device")}
+        assert "/dev/nvidia1" in devs and "/dev/nvidia0" not in devs, value
+        assert plan.gpus == [gpu1]
+
+
+def test_none_gives_control_nodes_and_libraries(make_bundle, inventory):
+    plan = plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=none"])
+    devs = {a.target for a in by_kind(plan, "device")}
+    assert devs == {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+    assert by_kind(plan, "library")
+
+
+def test_no_gpu_empty_plan(make_bundle, inventory):
+    assert plan_for(make_bundle, inventory, []).actions == []
+
+
+def test_lib64_layout(make_bundle, inventory, rootfs_lib64):
+    bundle = load_bundle(str(make_bundle(env=["NVIDIA_VISIBLE_DEVICES=0"], rootfs=rootfs_lib64)))
+    layout = layout_of(bundle.rootfs)
+    assert layout.lib64 == "/usr/lib64"
+    plan = compute_plan(gpu_request(bundle.spec), inventory, layout)
+    assert all(a.target.startswith("/usr/lib64/") for a in by_kind(plan, "library"))
+
+
+@pytest.mark.parametrize("env,message", [
+    (["NVIDIA_VISIBLE_DEVICES=7"], "NVIDIA_VISIBLE_DEVICES: unknown device '7'"),
+    (["NVIDIA_VISIBLE_DEVICES=MIG-1234"], "unknown device 'MIG-1234'"),
+    (["NVIDIA_VISIBLE_DEVICES=0:1"], "unknown device '0:1'"),
+    (["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"],
+     r"requirement NVIDIA_REQUIRE_CUDA='cuda>=12.4' not met \(driver 535.261.03, CUDA 12.2\)"),
+])
+def test_request_errors(make_bundle, inventory, env, message):
+    with pytest.raises(RequestError, match=message):
+        plan_for(make_bundle, inventory, env)
+
+
+@pytest.mark.parametrize("n", [10, 100])
+def test_synthetic_closure_walks_the_whole_chain(n, make_bundle):
+    import fixtures
+
+    inv = discover(str(fixtures.synthetic_driver(n)))
+    plan = plan_for(make_bundle, inv, ["NVIDIA_VISIBLE_DEVICES=all"])
+    assert len(by_kind(plan, "library")) == n
+    assert len(by_kind(plan, "device")) == 2 + 2 + 1  # ctl, uvm, uvm-tools, two GPUs
+    assert isinstance(plan.actions[-1], A.LdCache) and len(plan.actions[-1].entries) == n + 1

@@ -1,0 +1,62 @@
+"""`sandbox plan` end to end, as a user runs it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def sandbox(*args):
+    return subprocess.run([sys.executable, "-m", "sandbox.cli", *map(str, args)],
+                          capture_output=True, text=True)
+
+
+def test_json_plan(make_bundle, driver_root, driver_version):
+    b = make_bundle(env=["NVIDIA_VISIBLE_DEVICES=1"])
+    r = sandbox("plan", b, "--driver-root", driver_root, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["driver"]["version"] == driver_version
+    assert [g["index"] for g in out["gpus"]] == [1]
+    kinds = {a["kind"] for a in out["actions"]}
+    assert kinds <= {"library", "binary", "firmware", "ipc", "device", "symlink", "ldcache", "procfs"}
+    assert all({"kind", "source", "target", "flags"} <= a.keys() for a in out["actions"])
+
+
+def test_table_and_overrides(make_bundle, driver_root):
+    b = make_bundle(env=["NVIDIA_VISIBLE_DEVICES=all"])
+    r = sandbox("plan", b, "--driver-root", driver_root, "--gpus", "0", "--capabilities", "utility")
+    assert r.returncode == 0, r.stderr
+    assert "/dev/nvidia0" in r.stdout and "/dev/nvidia1" not in r.stdout
+    assert "libnvidia-ml.so" in r.stdout and "libcuda.so" not in r.stdout
+
+
+def test_no_gpu_prints_empty_plan(make_bundle):
+    r = sandbox("plan", make_bundle(), "--driver-root", "/nonexistent", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["actions"] == []
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "config.json: no such file"),
+    ("{not json", "config.json: invalid JSON"),
+    ('{"ociVersion": "1", "root": {"path": 5}}', r"config.json: Expected `str`, got `int` - at `\$.root.path`"),
+    ('{"ociVersion": "1", "root": {"path": "rootfs"}, "process": {"args": "sh"}}',
+     r"at `\$.process.args`"),
+    ('{"ociVersion": "1", "root": {"path": "missing"}}', "root.path 'missing' is not a directory"),
+])
+def test_bad_bundle_exit_2(tmp_path, content, message):
+    if content is not None:
+        (tmp_path / "config.json").write_text(content)
+    r = sandbox("plan", tmp_path)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert str(tmp_path) in r.stderr
+    import re
+    assert re.search(message, r.stderr), r.stderr
+
+
+def test_bad_env_value_exit_2(make_bundle, driver_root):
+    b = make_bundle(env=["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=warp"])
+    r = sandbox("plan", b, "--driver-root", driver_root)
+    assert r.returncode == 2 and "unknown capability 'warp'" in r.stderr
