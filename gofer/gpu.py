@@ -1,0 +1,116 @@
+"""Apply one GPU action of the plan inside the root: bind a checked source, make a link,
+write the container's ld.so.cache, populate /proc/driver/nvidia."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from gofer.root import O_PATH_DIR, MountError, Root
+from mounts import actions as A
+from mounts import ldcache
+from mounts.errors import LdCacheError
+
+_EXPECT = {  # what each kind's source must be, checked on the opened fd (no TOCTOU)
+    "library": (stat.S_ISREG, "a regular file"),
+    "binary": (stat.S_ISREG, "a regular file"),
+    "firmware": (stat.S_ISREG, "a regular file"),
+    "device": (stat.S_ISCHR, "a char device"),
+    "ipc": (lambda m: stat.S_ISSOCK(m) or stat.S_ISDIR(m), "a socket or a directory"),
+}
+
+
+def open_source(action: A.Action) -> int:
+    """Open the host source with O_NOFOLLOW and check its type (and numbers, for devices)."""
+    try:
+        fd = os.open(action.source, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise MountError(action.target, f"source {action.source}: {e.strerror}") from None
+    st = os.fstat(fd)
+    test, want = _EXPECT[action.kind]
+    problem = None
+    if not test(st.st_mode):
+        problem = f"is not {want}"
+    elif isinstance(action, A.Device) and (os.major(st.st_rdev), os.minor(st.st_rdev)) != (action.major, action.minor):
+        problem = (f"is char {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}, "
+                   f"expected {action.major}:{action.minor}")
+    if problem:
+        os.close(fd)
+        raise MountError(action.target, f"source {action.source} {problem}")
+    return fd
+
+
+def apply(root: Root, action: A.AnyAction) -> None:
+    match action:
+        case A.Symlink():
+            root.symlink(action.target, action.source)
+        case A.LdCache():
+            write_ldcache(root, action)
+        case A.ProcFs():
+            proc_driver(root, action)
+        case _:
+            src = open_source(action)
+            try:
+                root.bind(src, action.target, action.flags, is_dir=stat.S_ISDIR(os.fstat(src).st_mode))
+            finally:
+                os.close(src)
+
+
+def write_ldcache(root: Root, action: A.LdCache) -> None:
+    """The image's cache (read through the root, never trusted: a malformed one counts as
+    empty, as glibc would ignore it) plus our entries, written by our own writer into the
+    private scratch tmpfs and bound read-only over /etc/ld.so.cache. Nothing from the image
+    runs, ldconfig least of all (CVE-2024-0136, CVE-2025-23267)."""
+    try:
+        fd = root.open(action.target, os.O_RDONLY)
+        with os.fdopen(fd, "rb") as f:
+            base = ldcache.parse(f.read(), action.target)
+    except (OSError, LdCacheError):
+        base = []
+    data = ldcache.build(ldcache.merge(base, list(action.entries)))
+    s = root.scratch()
+    fd = os.open("ld.so.cache", os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=s)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    src = os.open("ld.so.cache", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=s)
+    try:
+        root.bind(src, action.target, action.flags)
+    finally:
+        os.close(src)
+
+
+def proc_driver(root: Root, action: A.ProcFs) -> None:
+    """On a host whose container /proc has driver/nvidia: a tmpfs there with copies of
+    version, params (ModifyDeviceFiles: 0, so the driver never mknods in the container) and
+    registry, and the selected GPUs' directories bound read-only. Skipped where the kernel
+    module is absent (the container's procfs has no driver/nvidia to cover)."""
+    try:
+        fd = root.open(action.target, O_PATH_DIR)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return
+        raise
+    os.close(fd)
+    from gofer import syscalls as sc
+
+    tmp = root.mount_fs("tmpfs", "tmpfs", action.target, sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC, "mode=0555")
+    root.mark_writable(tmp)
+    for name in ("version", "params", "registry"):
+        try:
+            with open(os.path.join(action.source, name), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            continue
+        if name == "params":
+            data = data.replace(b"ModifyDeviceFiles: 1", b"ModifyDeviceFiles: 0")
+        out = os.open(name, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o444, dir_fd=tmp)
+        with os.fdopen(out, "wb") as f:
+            f.write(data)
+    for busid in action.gpus:
+        src = os.open(os.path.join(action.source, "gpus", busid), O_PATH_DIR | os.O_NOFOLLOW)
+        try:
+            root.bind(src, f"{action.target}/gpus/{busid}", ("ro", "nosuid", "nodev", "noexec"), is_dir=True)
+        finally:
+            os.close(src)
+    sc.mount(None, sc.fdpath(tmp), None, sc.MS_REMOUNT | sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC)

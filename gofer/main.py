@@ -1,0 +1,159 @@
+"""The gofer: a small synchronous program that builds the container's root and execs it.
+
+It runs in a child of the supervisor (forked before the supervisor imports its event loop),
+reads frames from its end of the socketpair, and follows a fixed sequence; see
+gofer/protocol.py for the exchange and ARCHITECTURE.md for the overall picture.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import prctl
+
+from gofer import gpu, process, protocol, rootfs
+from gofer import syscalls as sc
+from gofer.root import Root
+from mounts import actions as A
+
+# After pivot_root nothing can be imported (the container has no Python): import up front.
+_traceback = __import__("traceback") if os.environ.get("SANDBOX_DEBUG") else None
+
+
+class GoferError(Exception):
+    pass
+
+
+def _expect_start(sock: socket.socket) -> protocol.Start:
+    msg = protocol.recv_request(sock)
+    if not isinstance(msg, protocol.Start):
+        raise GoferError(f"expected Start, got {type(msg).__name__ if msg else 'EOF'}")
+    return msg
+
+
+def _gpu_requests(sock: socket.socket, root: Root, spans: protocol.Spans) -> int:
+    """Apply requests as they arrive until End. One span per batch of the same kind."""
+    n = 0
+    batch, t0 = None, time.monotonic_ns()
+    while True:
+        msg = protocol.recv_request(sock)
+        if msg is None:
+            raise GoferError("supervisor closed the socket before End")
+        kind = type(msg).__name__
+        if kind != batch:
+            if batch is not None:
+                spans.add(f"gpu:{batch}", t0, count=count)
+            batch, t0, count = kind, time.monotonic_ns(), 0
+        if isinstance(msg, protocol.End):
+            return n
+        if not isinstance(msg, A.Action):
+            raise GoferError(f"unexpected {kind} frame during GPU setup")
+        gpu.apply(root, msg)
+        n += 1
+        count += 1
+
+
+def _wait_pid1(child: int) -> None:
+    """We are the parent of the container's pid 1: forward signals, exit as it exits."""
+    def forward(signum, _frame):
+        try:
+            os.kill(child, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    _, status = os.waitpid(child, 0)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        prctl.set_pdeathsig(0)
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def run(sock: socket.socket, t_spawn: int) -> None:
+    """The whole sequence; raises on any failure (the caller reports it and exits)."""
+    prctl.set_name("sandbox-gofer")
+    # PDEATHSIG first: if the supervisor dies from here on, we die with it.
+    prctl.set_pdeathsig(signal.SIGKILL)
+    start = _expect_start(sock)
+    spans = protocol.Spans(start.trace, os.getpid())
+    spans.add("gofer:start", t_spawn)
+    spec = start.spec
+
+    with spans.span("unshare"):
+        flags = rootfs.enter_namespaces(spec)
+    if flags & sc.CLONE_NEWPID:
+        # A new pid namespace applies to children: fork its pid 1 now, before any mount, so
+        # that procfs is mounted from inside the namespace it should show.
+        t = time.monotonic_ns()
+        child = os.fork()
+        if child:
+            sock.close()
+            _wait_pid1(child)
+        prctl.set_pdeathsig(signal.SIGKILL)
+        spans.add("fork pid 1", t)
+    host_pid = _host_pid()  # read while /proc is still the host's
+    spans.pid = host_pid
+
+    with spans.span("rootfs"):
+        root = rootfs.prepare_root(spec, start.rootfs)
+    with spans.span("spec mounts", count=len(spec.mounts)):
+        rootfs.spec_mounts(root, spec, start.bundle)
+    with spans.span("devices"):
+        rootfs.make_devices(root, spec.linux.devices)
+    with spans.span("gpu mounts") as s:
+        s.args["requests"] = _gpu_requests(sock, root, spans)
+    with spans.span("pivot_root"):
+        rootfs.pivot(root)
+    with spans.span("masks"):
+        rootfs.mask_and_protect(spec)
+        if spec.root.readonly:
+            rootfs.readonly_root(root)
+        if spec.hostname and any(ns.type == "uts" for ns in spec.linux.namespaces):
+            socket.sethostname(spec.hostname)
+    root.close()
+
+    proc = spec.process
+    if proc is None:
+        raise GoferError("config.json: no process to run")
+    with spans.span("user"):
+        process.set_rlimits(proc)
+        process.become(proc)
+    spans.add("exec", time.monotonic_ns())
+    protocol.send(sock, protocol.Ready(spans.items, host_pid))
+    process.exec_process(proc)
+
+
+def _host_pid() -> int:
+    """Our pid as the supervisor sees it (differs from getpid() inside a new pid namespace)."""
+    try:
+        with open("/proc/thread-self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return os.getpid()
+
+
+def serve(sock: socket.socket, t_spawn: int) -> None:
+    """Entry point in the forked child: never returns."""
+    code = 1
+    try:
+        run(sock, t_spawn)
+    except BaseException as e:  # report every failure as one line, then exit
+        if _traceback is not None:
+            _traceback.print_exc()
+        msg = str(e) or type(e).__name__
+        if isinstance(e, process.ProcessError) and msg.startswith("exec "):
+            code = 127
+        try:
+            protocol.send(sock, protocol.Error(msg))
+        except OSError:
+            pass
+    os._exit(code)

@@ -1,0 +1,151 @@
+"""The supervisor <-> gofer protocol: length-prefixed msgpack frames over a socketpair.
+
+::
+
+    supervisor                                   gofer
+    ----------                                   -----
+    Start(spec, rootfs, ...)   ------------>     prctl, unshare, fork pid 1 if asked,
+                                                 rootfs bind, spec mounts, devices
+    Device/Library/Symlink/... ------------>     each applied as it arrives
+    End                        ------------>     ld.so.cache, pivot_root, masks, user
+                               <------------     Ready(spans)      then exec
+                         (or)  <------------     Error(message)    then exit 1
+
+Every frame is one tagged Struct (``kind``) validated on decode; a frame that does not
+decode is a ProtocolError with the reason, never a half-applied request.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import msgspec
+
+from mounts.actions import Binary, Device, Firmware, Ipc, LdCache, Library, ProcFs, Symlink
+from mounts.spec import Spec
+
+_LEN = struct.Struct("<I")
+MAX_FRAME = 64 << 20
+
+
+class Start(msgspec.Struct, frozen=True, tag_field="kind", tag="start"):
+    spec: Spec
+    rootfs: str  # host path of the root filesystem
+    bundle: str
+    trace: bool = False
+    gpu: bool = False  # GPU requests follow; otherwise End comes at once
+    hook: bool = False  # embedded in another runtime: mount into rootfs, no pivot_root, no exec
+
+
+class End(msgspec.Struct, frozen=True, tag_field="kind", tag="end"):
+    pass
+
+
+class Span(msgspec.Struct, frozen=True, array_like=True):
+    name: str
+    start_ns: int  # CLOCK_MONOTONIC
+    end_ns: int
+    pid: int
+    args: dict[str, str | int] = {}
+
+
+class Ready(msgspec.Struct, frozen=True, tag_field="kind", tag="ready"):
+    spans: list[Span]
+    pid: int  # the container's pid as the host sees it
+
+
+class Error(msgspec.Struct, frozen=True, tag_field="kind", tag="error"):
+    message: str
+    spans: list[Span] = []
+
+
+ToGofer = Start | End | Device | Library | Symlink | Binary | Firmware | Ipc | LdCache | ProcFs
+FromGofer = Ready | Error
+
+_encoder = msgspec.msgpack.Encoder()
+_to_gofer = msgspec.msgpack.Decoder(ToGofer)
+_from_gofer = msgspec.msgpack.Decoder(FromGofer)
+
+
+class ProtocolError(Exception):
+    pass
+
+
+def frame(msg) -> bytes:
+    body = _encoder.encode(msg)
+    return _LEN.pack(len(body)) + body
+
+
+def send(sock: socket.socket, msg) -> None:
+    sock.sendall(frame(msg))
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            if buf:
+                raise ProtocolError(f"peer closed the socket mid-frame ({len(buf)} of {n} bytes)")
+            return None
+        buf.extend(chunk)
+    return bytes(buf)
+
+
+def _recv(sock: socket.socket, decoder):
+    head = _recv_exact(sock, _LEN.size)
+    if head is None:
+        return None
+    (n,) = _LEN.unpack(head)
+    if n > MAX_FRAME:
+        raise ProtocolError(f"frame of {n} bytes is over the {MAX_FRAME} byte limit")
+    body = _recv_exact(sock, n)
+    if body is None:
+        raise ProtocolError("peer closed the socket mid-frame")
+    try:
+        return decoder.decode(body)
+    except msgspec.DecodeError as e:  # ValidationError included
+        raise ProtocolError(f"bad frame: {e}") from None
+
+
+def recv_request(sock: socket.socket):
+    """The next frame for the gofer, or None at EOF."""
+    return _recv(sock, _to_gofer)
+
+
+def recv_reply(sock: socket.socket):
+    """The next frame from the gofer, or None at EOF (the gofer exec'd or died)."""
+    return _recv(sock, _from_gofer)
+
+
+class Spans:
+    """Records spans on CLOCK_MONOTONIC; costs one branch when tracing is off."""
+
+    def __init__(self, enabled: bool, pid: int = 0):
+        self.enabled = enabled
+        self.pid = pid
+        self.items: list[Span] = []
+
+    def add(self, name: str, start_ns: int, end_ns: int | None = None, **args) -> None:
+        if self.enabled:
+            self.items.append(Span(name, start_ns, end_ns or time.monotonic_ns(), self.pid, args))
+
+    def span(self, name: str, **args):
+        return _SpanCtx(self, name, args)
+
+
+class _SpanCtx:
+    __slots__ = ("rec", "name", "args", "t0")
+
+    def __init__(self, rec: Spans, name: str, args: dict):
+        self.rec, self.name, self.args = rec, name, args
+
+    def __enter__(self):
+        self.t0 = time.monotonic_ns()
+        return self
+
+    def __exit__(self, *exc):
+        self.rec.add(self.name, self.t0, **self.args)
+        return False

@@ -1,0 +1,304 @@
+"""The container's root filesystem, seen only through file descriptors.
+
+Every container-side path is an ``unsafe_path``: it comes from the image or the plan and is
+resolved by the kernel with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) relative to the
+rootfs fd, so a symlink in the image (``/usr/lib/x86_64-linux-gnu -> /``, ``../../..``) can
+never lead outside the root (CVE-2024-0132, CVE-2024-0133, CVE-2025-23359). Mounts are made
+onto the resolved fd (move_mount), never onto a path string.
+
+The image itself is never modified. A directory of the image that must gain an entry (a mount
+point, a link) first gets a private overlay whose upper layer lives on a detached tmpfs: the
+new entries exist only in this mount namespace and vanish with it, even if the gofer is killed
+halfway. Directories on the spec's own tmpfs mounts (/dev) are written directly.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+
+from gofer import syscalls as sc
+
+O_PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+RESOLVE = sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_MAGICLINKS
+
+ATTRS = {"ro": sc.MOUNT_ATTR_RDONLY, "nosuid": sc.MOUNT_ATTR_NOSUID, "nodev": sc.MOUNT_ATTR_NODEV,
+         "noexec": sc.MOUNT_ATTR_NOEXEC}
+MS = {"ro": sc.MS_RDONLY, "nosuid": sc.MS_NOSUID, "nodev": sc.MS_NODEV, "noexec": sc.MS_NOEXEC}
+
+AT_FDCWD = -100
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal (\\040)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _mounts_below(host_dir: str) -> list[str]:
+    """Mount points strictly below ``host_dir`` in our namespace, outermost only."""
+    prefix = host_dir.rstrip("/") + "/"
+    with open("/proc/self/mountinfo") as f:
+        points = sorted({_unescape(line.split()[4]) for line in f} - {host_dir})
+    out: list[str] = []
+    for mp in points:
+        if mp.startswith(prefix) and not any(mp.startswith(o + "/") for o in out):
+            out.append(mp)
+    return out
+
+
+# Module-level switch so tests can exercise the fallback (mount(2) + remount) path too.
+USE_MOUNT_API = True
+
+
+class MountError(Exception):
+    """A mount step failed: names the container path, the operation and the reason."""
+
+    def __init__(self, target: str, message: str):
+        super().__init__(f"{target}: {message}")
+        self.target = target
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"),
+                       (stat.S_ISLNK, "a symlink"), (stat.S_ISCHR, "a char device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+class Root:
+    """The rootfs at ``path`` (already a mount point in our private namespace)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fd = os.open(path, O_PATH_DIR)
+        self.writable_devs: set[int] = set()  # filesystems we may add entries to
+        self.overlays: dict[tuple[int, int], int] = {}  # lower dir (dev, ino) -> overlay root fd
+        self._scratch: int | None = None
+        self._dirs: dict[str, int] = {}  # resolved directories by path, owned here
+        self.created = 0  # entries created (mount points, dirs, links): for the trace
+
+    def close(self) -> None:
+        for fd in {self.fd, self._scratch, *self.overlays.values(), *self._dirs.values()}:
+            if fd is not None:
+                os.close(fd)
+
+    # -- resolution --------------------------------------------------------------------
+
+    def open(self, unsafe_path: str, flags: int = os.O_PATH, mode: int = 0) -> int:
+        """Open ``unsafe_path`` inside the root; symlinks and ``..`` cannot leave it."""
+        rel = unsafe_path.lstrip("/") or "."
+        return sc.openat2(self.fd, rel, flags | os.O_CLOEXEC, RESOLVE, mode, what=unsafe_path)
+
+    def mark_writable(self, fd: int) -> None:
+        """Entries may be created in the filesystem of ``fd`` (a tmpfs the spec mounted)."""
+        self.writable_devs.add(os.fstat(fd).st_dev)
+
+    def scratch(self) -> int:
+        if self._scratch is None:
+            self._scratch = sc.fsmount("tmpfs", {"mode": "0700"})
+        return self._scratch
+
+    def writable(self, dirfd: int, unsafe_path: str) -> int:
+        """An fd for the directory ``dirfd`` in which entries can be created without
+        touching the image: itself if it is on a writable fs, else its private overlay."""
+        st = os.fstat(dirfd)
+        if st.st_dev in self.writable_devs:
+            return dirfd
+        key = (st.st_dev, st.st_ino)
+        if key in self.overlays:
+            return self.overlays[key]
+        s = self.scratch()
+        n = len(self.overlays)
+        os.mkdir(f"o{n}", 0o700, dir_fd=s)
+        for sub in ("upper", "work"):
+            os.mkdir(f"o{n}/{sub}", 0o755, dir_fd=s)
+        # the overlay's root takes its owner and mode from the upper dir
+        os.chown(f"o{n}/upper", st.st_uid, st.st_gid, dir_fd=s)
+        os.chmod(f"o{n}/upper", stat.S_IMODE(st.st_mode), dir_fd=s)
+        # An overlay on a directory hides every mount below it (an earlier overlay, /dev,
+        # /proc ...): clone those subtrees first and put them back on top afterwards.
+        host_dir = os.readlink(sc.fdpath(dirfd))
+        below = [(mp[len(host_dir):].lstrip("/"),
+                  sc.open_tree(AT_FDCWD, mp, sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_RECURSIVE))
+                 for mp in _mounts_below(host_dir)]
+        try:
+            ov = sc.fsmount("overlay", {
+                "lowerdir": sc.fdpath(dirfd),
+                "upperdir": f"{sc.fdpath(s)}/o{n}/upper",
+                "workdir": f"{sc.fdpath(s)}/o{n}/work",
+            })
+            sc.move_mount(ov, dirfd, what=f"overlay on {unsafe_path}")
+            for rel, tree in below:
+                target = sc.openat2(ov, rel, os.O_PATH | os.O_NOFOLLOW, sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_SYMLINKS,
+                                    what=f"{unsafe_path}/{rel}")
+                try:
+                    sc.move_mount(tree, target, what=f"back onto {unsafe_path}/{rel}")
+                finally:
+                    os.close(target)
+        except OSError as e:
+            raise MountError(unsafe_path, f"cannot overlay the image directory: {e}") from None
+        finally:
+            for _rel, tree in below:
+                os.close(tree)
+        self.writable_devs.add(os.fstat(ov).st_dev)
+        self.overlays[key] = ov
+        if below:
+            # cached fds below host_dir now name hidden mounts: resolve them afresh
+            self._refresh()
+        return self.overlays[key]
+
+    def _refresh(self) -> None:
+        for fd in set(self._dirs.values()) - set(self.overlays.values()) - {self.fd}:
+            os.close(fd)
+        self._dirs.clear()
+        for key, fd in list(self.overlays.items()):
+            path = os.readlink(sc.fdpath(fd))
+            if path.startswith("/"):  # still attached: reopen whatever is visible there now
+                top = os.open(path, O_PATH_DIR)
+                st = os.fstat(top)
+                if (st.st_dev, st.st_ino) == (os.fstat(fd).st_dev, os.fstat(fd).st_ino):
+                    os.close(fd)
+                    self.overlays[key] = top
+                else:
+                    os.close(top)
+
+    def ensure_dir(self, unsafe_path: str) -> int:
+        """An O_PATH fd of the directory ``unsafe_path``, created (in an overlay) if missing.
+        The fd is cached and owned by the Root: callers do not close it."""
+        parts = [p for p in unsafe_path.split("/") if p not in ("", ".")]
+        key = "/".join(parts)
+        if key in self._dirs:
+            return self._dirs[key]
+        for depth in range(len(parts), -1, -1):
+            try:
+                fd = self.open("/".join(parts[:depth]), O_PATH_DIR)
+                break
+            except OSError as e:
+                if e.errno == errno.ENOTDIR:
+                    raise MountError(unsafe_path, f"{'/' + '/'.join(parts[:depth])} is not a directory") from None
+                if e.errno != errno.ENOENT:
+                    raise
+        if depth < len(parts):
+            parent = self.writable(fd, "/" + "/".join(parts[:depth]))
+            if parent != fd:
+                os.close(fd)
+            for part in parts[depth:]:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=parent)
+                    self.created += 1
+                except FileExistsError:
+                    # a dangling symlink or a file in the image: never followed, never replaced
+                    raise MountError(unsafe_path, f"cannot create directory {part!r}: "
+                                     "it exists and is not a directory inside the root") from None
+                child = os.open(part, O_PATH_DIR | os.O_NOFOLLOW, dir_fd=parent)
+                if parent not in self.overlays.values():
+                    os.close(parent)
+                parent = child
+            fd = parent
+        self._dirs[key] = fd
+        return fd
+
+    def ensure_node(self, unsafe_path: str, is_dir: bool = False) -> tuple[int, int, str, bool]:
+        """(parent fd, target fd, name, created) for a mount point at ``unsafe_path``: an
+        existing entry of the right type, or a new empty file/dir in a writable parent.
+        A symlink in the way is replaced (in the overlay), never followed."""
+        head, _, name = unsafe_path.rstrip("/").rpartition("/")
+        if not name or name in (".", ".."):
+            raise MountError(unsafe_path, "not a valid mount point path")
+        parent = self.writable(self.ensure_dir(head or "/"), head or "/")
+        try:
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISLNK(mode):
+                os.close(fd)
+                os.unlink(name, dir_fd=parent)
+            elif stat.S_ISDIR(mode) == is_dir:
+                return parent, fd, name, False
+            else:
+                os.close(fd)
+                raise MountError(unsafe_path, f"exists and is {_kind(mode)}")
+        except FileNotFoundError:
+            pass
+        if is_dir:
+            os.mkdir(name, 0o755, dir_fd=parent)
+        else:
+            os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o644, dir_fd=parent))
+        self.created += 1
+        return parent, os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent), name, True
+
+    # -- actions -----------------------------------------------------------------------
+
+    def bind(self, source_fd: int, unsafe_path: str, flags: tuple[str, ...], recursive: bool = False,
+             is_dir: bool = False) -> None:
+        """Bind what ``source_fd`` refers to onto ``unsafe_path`` with ``flags`` (ro, nosuid,
+        nodev, noexec) already in force when the mount appears. On failure the mount point we
+        created is removed again."""
+        parent, target, name, created = self.ensure_node(unsafe_path, is_dir)
+        try:
+            if USE_MOUNT_API:
+                tree = sc.open_tree(source_fd, "", sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_EMPTY_PATH
+                                    | (sc.AT_RECURSIVE if recursive else 0), what=unsafe_path)
+                try:
+                    attrs = sum(ATTRS[f] for f in flags if f in ATTRS)
+                    if attrs:
+                        sc.mount_setattr(tree, attrs, recursive, what=unsafe_path)
+                    sc.move_mount(tree, target, what=f"onto {unsafe_path}")
+                finally:
+                    os.close(tree)
+            else:
+                sc.mount(sc.fdpath(source_fd), sc.fdpath(target), None,
+                         sc.MS_BIND | (sc.MS_REC if recursive else 0))
+                # the fd still names the mount point underneath: reopen to reach the new mount
+                top = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+                try:
+                    ms = sum(MS[f] for f in flags if f in MS)
+                    sc.mount(None, sc.fdpath(top), None, sc.MS_BIND | sc.MS_REMOUNT | ms)
+                finally:
+                    os.close(top)
+        except OSError as e:
+            if created:
+                (os.rmdir if is_dir else os.unlink)(name, dir_fd=parent)
+            raise MountError(unsafe_path, str(e)) from None
+        finally:
+            os.close(target)
+
+    def symlink(self, unsafe_path: str, content: str) -> None:
+        """A link at ``unsafe_path`` created relative to its parent's fd (CVE-2024-0134): a
+        link already there is replaced in the overlay, anything else is an error."""
+        head, _, name = unsafe_path.rpartition("/")
+        parent = self.writable(self.ensure_dir(head or "/"), head or "/")
+        try:
+            os.symlink(content, name, dir_fd=parent)
+        except FileExistsError:
+            mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
+            if not stat.S_ISLNK(mode):
+                raise MountError(unsafe_path, f"cannot create link: exists and is {_kind(mode)}") from None
+            os.unlink(name, dir_fd=parent)
+            os.symlink(content, name, dir_fd=parent)
+        self.created += 1
+
+    def mount_fs(self, fstype: str, source: str, unsafe_path: str, flags: int, data: str | None) -> int:
+        """Mount a new ``fstype`` on the directory ``unsafe_path``; returns an fd of its root."""
+        fd = self.ensure_dir(unsafe_path)
+        try:
+            sc.mount(source, sc.fdpath(fd), fstype, flags, data)
+        except OSError as e:
+            raise MountError(unsafe_path, str(e)) from None
+        # cached fds at or under it name what is now hidden; later lookups must see the mount
+        key = "/".join(p for p in unsafe_path.split("/") if p not in ("", "."))
+        for k in [k for k in self._dirs if k == key or k.startswith(key + "/")]:
+            stale = self._dirs.pop(k)
+            if stale not in self.overlays.values() and stale != self.fd:
+                os.close(stale)
+        top = self.open(unsafe_path, O_PATH_DIR)
+        self._dirs[key] = top
+        return top
+
+    def readonly_overlays(self) -> None:
+        for ov in self.overlays.values():
+            sc.mount_setattr(ov, sc.MOUNT_ATTR_RDONLY, what="overlay")

@@ -1,0 +1,213 @@
+"""The spec's side of the root: namespaces, the rootfs mount, the spec's mounts and devices,
+pivot_root, masked and read-only paths. Each step's comment says why it comes where it does.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from gofer import syscalls as sc
+from gofer.root import MountError, Root
+from mounts.spec import Device, Mount, Spec
+
+# mount(8) option -> (flags to set, flags to clear)
+FLAGS = {
+    "ro": (sc.MS_RDONLY, 0), "rw": (0, sc.MS_RDONLY),
+    "nosuid": (sc.MS_NOSUID, 0), "suid": (0, sc.MS_NOSUID),
+    "nodev": (sc.MS_NODEV, 0), "dev": (0, sc.MS_NODEV),
+    "noexec": (sc.MS_NOEXEC, 0), "exec": (0, sc.MS_NOEXEC),
+    "sync": (sc.MS_SYNCHRONOUS, 0), "async": (0, sc.MS_SYNCHRONOUS),
+    "dirsync": (sc.MS_DIRSYNC, 0), "mand": (sc.MS_MANDLOCK, 0), "nomand": (0, sc.MS_MANDLOCK),
+    "atime": (0, sc.MS_NOATIME), "noatime": (sc.MS_NOATIME, 0),
+    "diratime": (0, sc.MS_NODIRATIME), "nodiratime": (sc.MS_NODIRATIME, 0),
+    "relatime": (sc.MS_RELATIME, 0), "norelatime": (0, sc.MS_RELATIME),
+    "strictatime": (sc.MS_STRICTATIME, 0), "nostrictatime": (0, sc.MS_STRICTATIME),
+    "bind": (sc.MS_BIND, 0), "rbind": (sc.MS_BIND | sc.MS_REC, 0),
+    "nosymfollow": (sc.MS_NOSYMFOLLOW, 0), "lazytime": (sc.MS_LAZYTIME, 0),
+}
+PROPAGATION = {"private": sc.MS_PRIVATE, "rprivate": sc.MS_PRIVATE | sc.MS_REC,
+               "slave": sc.MS_SLAVE, "rslave": sc.MS_SLAVE | sc.MS_REC,
+               "shared": sc.MS_SHARED, "rshared": sc.MS_SHARED | sc.MS_REC,
+               "unbindable": sc.MS_UNBINDABLE, "runbindable": sc.MS_UNBINDABLE | sc.MS_REC}
+
+# What runc gives every container in /dev (char devices: name, major, minor).
+DEFAULT_DEVICES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8),
+                   ("urandom", 1, 9), ("tty", 5, 0))
+DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+             ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"), ("core", "/proc/kcore"))
+
+
+def parse_options(options: list[str]) -> tuple[int, int, str]:
+    """(flags, propagation flags, data) for a list of mount(8) options."""
+    flags = prop = 0
+    data = []
+    for opt in options:
+        if opt in FLAGS:
+            on, off = FLAGS[opt]
+            flags = (flags | on) & ~off
+        elif opt in PROPAGATION:
+            prop |= PROPAGATION[opt]
+        else:
+            data.append(opt)
+    return flags, prop, ",".join(data)
+
+
+def namespace_flags(spec: Spec) -> tuple[int, list[tuple[str, str]]]:
+    """(flags to unshare, [(type, path)] to join). A mount namespace is always new."""
+    flags = sc.CLONE_NEWNS
+    join = []
+    for ns in spec.linux.namespaces:
+        if ns.type not in sc.NAMESPACES:
+            raise MountError(ns.type, f"linux.namespaces: unknown namespace type {ns.type!r}")
+        if ns.type == "user":
+            raise MountError(ns.type, "linux.namespaces: user namespaces are not supported")
+        if ns.path:
+            join.append((ns.type, ns.path))
+        else:
+            flags |= sc.NAMESPACES[ns.type]
+    return flags, join
+
+
+def enter_namespaces(spec: Spec) -> int:
+    """Join the namespaces the spec names by path, then unshare the new ones. Returns the
+    unshared flags (the caller forks pid 1 when CLONE_NEWPID is among them)."""
+    flags, join = namespace_flags(spec)
+    for nstype, path in join:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            sc.setns(fd, sc.NAMESPACES[nstype], what=f"{nstype} namespace {path}")
+        finally:
+            os.close(fd)
+    sc.unshare(flags)
+    return flags
+
+
+def prepare_root(spec: Spec, rootfs: str) -> Root:
+    """Make our copy of the mount tree private, then the rootfs a mount point of its own.
+
+    Propagation first: nothing we mount may leak back to the host's namespace. The rootfs
+    is bound onto itself because pivot_root needs a mount point, and so that its read-only
+    remount at the end touches only our copy."""
+    prop = PROPAGATION.get(spec.linux.rootfs_propagation or "rprivate", sc.MS_PRIVATE | sc.MS_REC)
+    sc.mount(None, "/", None, sc.MS_REC | (prop if prop & (sc.MS_PRIVATE | sc.MS_SLAVE) else sc.MS_PRIVATE))
+    sc.mount(rootfs, rootfs, None, sc.MS_BIND | sc.MS_REC)
+    return Root(rootfs)
+
+
+def _cgroup(root: Root, m: Mount, flags: int) -> None:
+    """cgroup v2 hosts get a fresh cgroup2 mount; v1/hybrid hosts a read-only recursive
+    bind of the host's hierarchy (runc builds v1 trees per controller; we do not)."""
+    if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        root.mount_fs("cgroup2", "cgroup", m.destination, flags & ~(sc.MS_BIND | sc.MS_REC), None)
+        return
+    src = os.open("/sys/fs/cgroup", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        opts = tuple(name for name, bit in (("ro", sc.MS_RDONLY), ("nosuid", sc.MS_NOSUID),
+                                           ("nodev", sc.MS_NODEV), ("noexec", sc.MS_NOEXEC)) if flags & bit)
+        root.bind(src, m.destination, opts, recursive=True, is_dir=True)
+    finally:
+        os.close(src)
+
+
+def spec_mounts(root: Root, spec: Spec, bundle: str) -> int:
+    """The spec's mounts in order. Returns how many were made."""
+    for m in spec.mounts:
+        flags, prop, data = parse_options(m.options)
+        fstype = m.type or ("bind" if flags & sc.MS_BIND else None)
+        if fstype == "cgroup":
+            _cgroup(root, m, flags)
+            continue
+        if fstype == "bind" or flags & sc.MS_BIND:
+            source = m.source or ""
+            if not os.path.isabs(source):
+                source = os.path.join(bundle, source)
+            try:
+                src = os.open(source, os.O_PATH | os.O_CLOEXEC)
+            except OSError as e:
+                raise MountError(m.destination, f"bind source {source}: {e.strerror}") from None
+            try:
+                is_dir = stat.S_ISDIR(os.fstat(src).st_mode)
+                opts = tuple(n for n, bit in (("ro", sc.MS_RDONLY), ("nosuid", sc.MS_NOSUID),
+                                              ("nodev", sc.MS_NODEV), ("noexec", sc.MS_NOEXEC)) if flags & bit)
+                root.bind(src, m.destination, opts, recursive=bool(flags & sc.MS_REC), is_dir=is_dir)
+            finally:
+                os.close(src)
+        else:
+            fd = root.mount_fs(fstype, m.source or fstype, m.destination, flags, data or None)
+            if fstype == "tmpfs":
+                root.mark_writable(fd)
+        if prop:
+            fd = root.open(m.destination)
+            try:
+                sc.mount(None, sc.fdpath(fd), None, prop)
+            finally:
+                os.close(fd)
+    return len(spec.mounts)
+
+
+def make_devices(root: Root, devices: list[Device]) -> None:
+    """runc's default nodes and links in /dev, then linux.devices, made with mknod in the
+    container's /dev (a tmpfs from the spec, or an overlay of the image's /dev)."""
+    dev = root.writable(root.ensure_dir("/dev"), "/dev")
+    wanted = [("/dev/" + n, "c", ma, mi, 0o666, 0, 0) for n, ma, mi in DEFAULT_DEVICES]
+    wanted += [(d.path, d.type, d.major or 0, d.minor or 0, d.file_mode if d.file_mode is not None else 0o666,
+                d.uid or 0, d.gid or 0) for d in devices]
+    for path, kind, major, minor, mode, uid, gid in wanted:
+        head, _, name = path.rpartition("/")
+        parent = dev if head == "/dev" else root.writable(root.ensure_dir(head), head)
+        fmt = {"c": stat.S_IFCHR, "u": stat.S_IFCHR, "b": stat.S_IFBLK, "p": stat.S_IFIFO}.get(kind)
+        if fmt is None:
+            raise MountError(path, f"linux.devices: unknown device type {kind!r}")
+        try:
+            os.unlink(name, dir_fd=parent)
+        except FileNotFoundError:
+            pass
+        try:
+            os.mknod(name, fmt | (mode & 0o7777), os.makedev(major, minor), dir_fd=parent)
+            os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
+        except OSError as e:
+            raise MountError(path, f"mknod {kind} {major}:{minor}: {e.strerror}") from None
+    for name, target in DEV_LINKS:
+        try:
+            os.symlink(target, name, dir_fd=dev)
+        except FileExistsError:
+            pass
+
+
+def pivot(root: Root) -> None:
+    """pivot_root into the rootfs and drop the old root.
+
+    pivot_root(".", ".") stacks the old root on top of the new one; unmounting it (lazily,
+    it is busy) leaves the container's root alone at "/". Nothing of the host remains
+    reachable afterwards."""
+    os.fchdir(root.fd)
+    sc.pivot_root(".", ".")
+    sc.umount2(".", sc.MNT_DETACH)
+    os.chdir("/")
+
+
+def mask_and_protect(spec: Spec) -> None:
+    """maskedPaths: /dev/null over files, an empty read-only tmpfs over directories.
+    readonlyPaths: bound onto themselves read-only. Run after pivot_root, inside the root."""
+    for path in spec.linux.masked_paths:
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            sc.mount("tmpfs", path, "tmpfs", sc.MS_RDONLY, "size=0,mode=0555")
+        else:
+            sc.mount("/dev/null", path, None, sc.MS_BIND)
+    for path in spec.linux.readonly_paths:
+        if not os.path.lexists(path):
+            continue
+        sc.mount(path, path, None, sc.MS_BIND | sc.MS_REC)
+        sc.mount(None, path, None, sc.MS_BIND | sc.MS_REMOUNT | sc.MS_RDONLY | sc.MS_REC)
+
+
+def readonly_root(root: Root) -> None:
+    """root.readonly: the root and every overlay we put on image directories go read-only
+    (the bound libraries already are)."""
+    sc.mount(None, "/", None, sc.MS_BIND | sc.MS_REMOUNT | sc.MS_RDONLY)
+    root.readonly_overlays()

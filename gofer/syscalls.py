@@ -1,0 +1,259 @@
+"""The raw Linux syscalls the gofer needs. The only module that imports ctypes.
+
+Every call declares argtypes/restype, retries EINTR, and raises ``SyscallError`` naming the
+operation and the path; mount errors print their flags as names (MS_BIND|MS_RDONLY), as
+runc's mount errors do. x86-64 and aarch64 syscall numbers for the calls glibc 2.36 lacks
+wrappers for (openat2, pivot_root, open_tree, move_mount, fsopen, fsconfig, fsmount,
+mount_setattr).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+# mount(2) flags
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_SYNCHRONOUS = 0x10
+MS_REMOUNT = 0x20
+MS_MANDLOCK = 0x40
+MS_DIRSYNC = 0x80
+MS_NOSYMFOLLOW = 0x100
+MS_NOATIME = 0x400
+MS_NODIRATIME = 0x800
+MS_BIND = 0x1000
+MS_MOVE = 0x2000
+MS_REC = 0x4000
+MS_SILENT = 0x8000
+MS_UNBINDABLE = 1 << 17
+MS_PRIVATE = 1 << 18
+MS_SLAVE = 1 << 19
+MS_SHARED = 1 << 20
+MS_RELATIME = 1 << 21
+MS_STRICTATIME = 1 << 24
+MS_LAZYTIME = 1 << 25
+_MS_NAMES = {v: k for k, v in globals().items() if k.startswith("MS_")}
+
+MNT_DETACH = 2
+UMOUNT_NOFOLLOW = 8
+
+# clone(2) namespace flags
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+NAMESPACES = {"mount": CLONE_NEWNS, "cgroup": CLONE_NEWCGROUP, "uts": CLONE_NEWUTS,
+              "ipc": CLONE_NEWIPC, "user": CLONE_NEWUSER, "pid": CLONE_NEWPID, "network": CLONE_NEWNET}
+
+# openat2(2)
+RESOLVE_NO_XDEV = 0x01
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+RESOLVE_IN_ROOT = 0x10
+
+# new mount API
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+AT_EMPTY_PATH = 0x1000
+AT_RECURSIVE = 0x8000
+MOVE_MOUNT_F_EMPTY_PATH = 0x04
+MOVE_MOUNT_T_EMPTY_PATH = 0x40
+FSCONFIG_SET_STRING = 1
+FSCONFIG_CMD_CREATE = 6
+FSOPEN_CLOEXEC = 1
+FSMOUNT_CLOEXEC = 1
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
+MOUNT_ATTR_NOEXEC = 0x8
+
+# prctl(2)
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_RAISE = 2
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+_NR = {
+    "x86_64": {"pivot_root": 155, "open_tree": 428, "move_mount": 429, "fsopen": 430,
+               "fsconfig": 431, "fsmount": 432, "openat2": 437, "mount_setattr": 442, "setns": 308},
+    "aarch64": {"pivot_root": 41, "open_tree": 428, "move_mount": 429, "fsopen": 430,
+                "fsconfig": 431, "fsmount": 432, "openat2": 437, "mount_setattr": 442, "setns": 268},
+}[platform.machine()]
+
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+_mount = _libc.mount
+_mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_mount.restype = ctypes.c_int
+_umount2 = _libc.umount2
+_umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_umount2.restype = ctypes.c_int
+_unshare = _libc.unshare
+_unshare.argtypes = [ctypes.c_int]
+_unshare.restype = ctypes.c_int
+_setns = _libc.setns
+_setns.argtypes = [ctypes.c_int, ctypes.c_int]
+_setns.restype = ctypes.c_int
+_prctl = _libc.prctl
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_prctl.restype = ctypes.c_int
+
+
+class SyscallError(OSError):
+    """An OSError whose message names the operation and its arguments."""
+
+    def __init__(self, err: int, op: str, detail: str):
+        super().__init__(err, f"{op} {detail}: {os.strerror(err)}")
+        self.op = op
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def mount_flags_str(flags: int) -> str:
+    names = [name for bit, name in sorted(_MS_NAMES.items()) if flags & bit]
+    return "|".join(names) or "0"
+
+
+def _check(res: int, op: str, detail: str) -> int:
+    if res < 0:
+        raise SyscallError(ctypes.get_errno(), op, detail)
+    return res
+
+
+def _retry(fn, *args):
+    while True:
+        res = fn(*args)
+        if res >= 0 or ctypes.get_errno() != errno.EINTR:
+            return res
+
+
+def _b(s: str | None) -> bytes | None:
+    return None if s is None else os.fsencode(s)
+
+
+def fdpath(fd: int) -> str:
+    """The magic link through which mount(2) reaches what ``fd`` refers to."""
+    return f"/proc/self/fd/{fd}"
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
+    res = _retry(_mount, _b(source), _b(target), _b(fstype), flags, _b(data))
+    _check(res, "mount", f"{source or 'none'} on {target} (type {fstype or 'none'}, "
+                         f"flags {mount_flags_str(flags)}{', data ' + data if data else ''})")
+
+
+def umount2(target: str, flags: int = 0) -> None:
+    _check(_retry(_umount2, _b(target), flags), "umount2", target)
+
+
+def unshare(flags: int) -> None:
+    _check(_retry(_unshare, flags), "unshare", hex(flags))
+
+
+def setns(fd: int, nstype: int = 0, what: str = "") -> None:
+    _check(_retry(_setns, fd, nstype), "setns", what or str(fd))
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    res = _retry(_syscall, ctypes.c_long(_NR["pivot_root"]), _b(new_root), _b(put_old))
+    _check(res, "pivot_root", f"{new_root} {put_old}")
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+OPENAT2_AVAILABLE = True
+
+
+def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0, what: str = "") -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
+    res = _retry(_syscall, ctypes.c_long(_NR["openat2"]), ctypes.c_int(dirfd), _b(path),
+                 ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    return _check(res, "openat2", what or path)
+
+
+def open_tree(dirfd: int, path: str, flags: int, what: str = "") -> int:
+    res = _retry(_syscall, ctypes.c_long(_NR["open_tree"]), ctypes.c_int(dirfd), _b(path), ctypes.c_uint(flags))
+    return _check(res, "open_tree", what or path)
+
+
+def move_mount(from_fd: int, to_fd: int, what: str = "") -> None:
+    res = _retry(_syscall, ctypes.c_long(_NR["move_mount"]), ctypes.c_int(from_fd), b"",
+                 ctypes.c_int(to_fd), b"", ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH))
+    _check(res, "move_mount", what)
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def mount_setattr(fd: int, attr_set: int, recursive: bool = False, what: str = "") -> None:
+    attr = _MountAttr(attr_set, 0, 0, 0)
+    flags = AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)
+    res = _retry(_syscall, ctypes.c_long(_NR["mount_setattr"]), ctypes.c_int(fd), b"", ctypes.c_uint(flags),
+                 ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+    _check(res, "mount_setattr", what)
+
+
+def fsmount(fstype: str, options: dict[str, str] | None = None) -> int:
+    """A new, detached mount of ``fstype``: an fd to its root, reachable only through it
+    until move_mount() attaches it somewhere."""
+    nr = _NR["fsconfig"]
+    fs = _check(_retry(_syscall, ctypes.c_long(_NR["fsopen"]), _b(fstype), ctypes.c_uint(FSOPEN_CLOEXEC)),
+                "fsopen", fstype)
+    try:
+        for key, value in (options or {}).items():
+            res = _retry(_syscall, ctypes.c_long(nr), ctypes.c_int(fs), ctypes.c_uint(FSCONFIG_SET_STRING),
+                         _b(key), _b(value), ctypes.c_int(0))
+            _check(res, "fsconfig", f"{fstype} {key}={value}")
+        res = _retry(_syscall, ctypes.c_long(nr), ctypes.c_int(fs), ctypes.c_uint(FSCONFIG_CMD_CREATE),
+                     None, None, ctypes.c_int(0))
+        _check(res, "fsconfig", f"{fstype} create ({', '.join(f'{k}={v}' for k, v in (options or {}).items())})")
+        res = _retry(_syscall, ctypes.c_long(_NR["fsmount"]), ctypes.c_int(fs), ctypes.c_uint(FSMOUNT_CLOEXEC),
+                     ctypes.c_uint(0))
+        return _check(res, "fsmount", fstype)
+    finally:
+        os.close(fs)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+_capset = _libc.capset
+_capset.argtypes = [ctypes.POINTER(_CapHeader), ctypes.POINTER(_CapData * 2)]
+_capset.restype = ctypes.c_int
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def capset(effective: set[int], permitted: set[int], inheritable: set[int]) -> None:
+    """Set the three capability sets of this thread in one capset(2) call."""
+    data = (_CapData * 2)()
+    for word in (0, 1):
+        def bits(caps: set[int], word: int = word) -> int:
+            return sum(1 << (c - 32 * word) for c in caps if 32 * word <= c < 32 * (word + 1))
+        data[word] = _CapData(bits(effective), bits(permitted), bits(inheritable))
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    _check(_capset(ctypes.byref(header), ctypes.byref(data)), "capset",
+           f"effective={sorted(effective)} permitted={sorted(permitted)} inheritable={sorted(inheritable)}")
+
+
+def cap_ambient_raise(cap: int) -> None:
+    _check(_prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0), "prctl", f"PR_CAP_AMBIENT_RAISE {cap}")

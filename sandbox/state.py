@@ -1,0 +1,69 @@
+"""Container state under ``--root`` (like runc's): one directory per container id, so two
+containers can run at once and an id in use is refused."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+
+import msgspec
+
+from mounts.errors import SandboxError
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
+
+
+class State(msgspec.Struct):
+    id: str
+    pid: int
+    bundle: str
+    status: str
+    created: float
+
+
+class StateDir:
+    def __init__(self, root: str, cid: str):
+        if not _ID.match(cid):
+            raise SandboxError(f"--id {cid!r}: invalid container id (letters, digits, _.+- only)")
+        self.dir = os.path.join(root, cid)
+        self.id = cid
+
+    def create(self, pid: int, bundle: str) -> None:
+        os.makedirs(os.path.dirname(self.dir), mode=0o711, exist_ok=True)
+        try:
+            os.mkdir(self.dir, 0o711)
+        except FileExistsError:
+            old = self._read()
+            if old is not None and _alive(old.pid):
+                raise SandboxError(f"container id {self.id!r} is in use (pid {old.pid}, {self.dir})") from None
+            shutil.rmtree(self.dir, ignore_errors=True)
+            os.mkdir(self.dir, 0o711)
+        self.write(State(self.id, pid, bundle, "creating", time.time()))
+
+    def write(self, state: State) -> None:
+        tmp = os.path.join(self.dir, "state.json.tmp")
+        with open(tmp, "wb") as f:
+            f.write(msgspec.json.encode(state))
+        os.replace(tmp, os.path.join(self.dir, "state.json"))
+
+    def _read(self) -> State | None:
+        try:
+            with open(os.path.join(self.dir, "state.json"), "rb") as f:
+                return msgspec.json.decode(f.read(), type=State)
+        except (OSError, msgspec.DecodeError):
+            return None
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

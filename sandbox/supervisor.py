@@ -1,0 +1,164 @@
+"""The supervisor (anyio on trio): streams the plan to the gofer, forwards signals, waits.
+
+Sequence (the gofer's side is in gofer/protocol.py):
+  1. parse the bundle and the GPU request; send Start so the gofer can begin unsharing
+     and mounting the spec's mounts;
+  2. discover the driver and walk the library closure, sending each action the moment it
+     is known (the gofer applies them while we read the next ELF header);
+  3. send End; read Ready (the gofer's spans) or Error; wait for the container and
+     forward SIGINT/SIGTERM/SIGHUP to it; exit with its status (128+N for signal N).
+The supervisor itself never unshares or mounts anything.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+
+import anyio
+
+from gofer import protocol
+from mounts.errors import SandboxError
+from mounts.spec import load_bundle
+from sandbox.state import StateDir
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class GoferFailed(SandboxError):
+    """The gofer reported an error: the container never started."""
+
+
+def exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def stream_plan(args, sock: socket.socket, spans: protocol.Spans, t_spawn: int):
+    """Steps 1 and 2. Returns (bundle, gofer-visible failure or None)."""
+    with spans.span("bundle parse"):
+        bundle = load_bundle(args.bundle)
+        from mounts.request import gpu_request
+
+        request = gpu_request(bundle.spec, args.gpus, args.capabilities)
+    for name in bundle.spec.unenforced():
+        print(f"sandbox run: warning: {name} is set in config.json but not enforced", file=sys.stderr)
+    protocol.send(sock, protocol.Start(bundle.spec, bundle.rootfs, bundle.path, spans.enabled,
+                                       gpu=request is not None))
+    if request is not None:
+        from mounts.driver import discover
+        from mounts.plan import iter_plan, layout_of
+
+        with spans.span("discovery"):
+            inventory = discover(args.driver_root)
+            layout = layout_of(bundle.rootfs)
+        t = time.monotonic_ns()
+        n = 0
+        for action in iter_plan(request, inventory, layout):
+            protocol.send(sock, action)
+            n += 1
+        spans.add("closure + stream", t, actions=n)
+    protocol.send(sock, protocol.End())
+    return bundle
+
+
+async def _wait_readable(sock: socket.socket) -> None:
+    await anyio.wait_readable(sock)
+
+
+async def _read_replies(sock: socket.socket) -> list:
+    """Every frame the gofer sends until it execs (EOF: the socket is close-on-exec)."""
+    replies = []
+    while True:
+        await _wait_readable(sock)
+        try:
+            msg = protocol.recv_reply(sock)
+        except (ConnectionResetError, protocol.ProtocolError):
+            return replies
+        if msg is None:
+            return replies
+        replies.append(msg)
+
+
+async def _wait_exit(pid: int) -> int:
+    fd = os.pidfd_open(pid)
+    try:
+        await anyio.wait_readable(fd)
+    finally:
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+async def _forward_signals(pid: int) -> None:
+    with anyio.open_signal_receiver(*FORWARDED) as signals:
+        async for signum in signals:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                return
+
+
+async def _supervise(args, pid: int, sock: socket.socket, t_spawn: int) -> int:
+    spans = protocol.Spans(bool(args.trace), os.getpid())
+    spans.add("imports", t_spawn)
+    state = None
+    error: BaseException | None = None
+    try:
+        bundle = stream_plan(args, sock, spans, t_spawn)
+        state = StateDir(args.root, args.id or os.path.basename(bundle.path))
+        state.create(pid, bundle.path)
+    except (SandboxError, OSError) as e:
+        error = e
+        if isinstance(e, BrokenPipeError):
+            error = None  # the gofer failed first: its Error frame says why
+        else:
+            sock.shutdown(socket.SHUT_WR)  # the gofer sees EOF before End and gives up
+
+    status_box: list[int] = []
+    async with anyio.create_task_group() as tg:
+        async def wait_and_stop():
+            status_box.append(await _wait_exit(pid))
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(wait_and_stop)
+        tg.start_soon(_forward_signals, pid)
+        replies = await _read_replies(sock)
+    sock.close()
+    if state is not None:
+        state.remove()
+
+    gofer_spans = []
+    failure = None
+    for msg in replies:
+        gofer_spans += msg.spans
+        if isinstance(msg, protocol.Error):
+            failure = msg.message
+    if args.trace:
+        from sandbox.trace import write_trace
+
+        write_trace(args.trace, spans.items + gofer_spans)
+    if error is not None:
+        raise error
+    code = exit_code(status_box[0])
+    if failure is not None:
+        err = GoferFailed(failure)
+        err.exit_code = code or 1  # 127 when exec failed
+        raise err
+    return code
+
+
+def supervise(args, pid: int, sock: socket.socket, t_spawn: int) -> int:
+    try:
+        return anyio.run(_supervise, args, pid, sock, t_spawn, backend="trio")
+    finally:
+        # never leave the gofer behind, whatever happened above
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
