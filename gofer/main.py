@@ -34,23 +34,29 @@ def _expect_start(sock: socket.socket) -> protocol.Start:
     return msg
 
 
+_GROUP = {"symlink": "libraries", "library": "libraries", "device": "devices", "binary": "binaries",
+          "firmware": "firmware", "ipc": "ipc", "procfs": "procfs", "ldcache": "ld.so.cache"}
+
+
 def _gpu_requests(sock: socket.socket, root: Root, spans: protocol.Spans) -> int:
-    """Apply requests as they arrive until End. One span per batch of the same kind."""
-    n = 0
-    batch, t0 = None, time.monotonic_ns()
+    """Apply requests as they arrive until End; one span per run of the same group.
+    The time spent waiting for the next frame is part of the span (it shows streaming)."""
+    n = count = 0
+    group, t0 = None, time.monotonic_ns()
     while True:
         msg = protocol.recv_request(sock)
         if msg is None:
             raise GoferError("supervisor closed the socket before End")
-        kind = type(msg).__name__
-        if kind != batch:
-            if batch is not None:
-                spans.add(f"gpu:{batch}", t0, count=count)
-            batch, t0, count = kind, time.monotonic_ns(), 0
         if isinstance(msg, protocol.End):
+            if group is not None:
+                spans.add(f"gpu {group}", t0, count=count)
             return n
         if not isinstance(msg, A.Action):
-            raise GoferError(f"unexpected {kind} frame during GPU setup")
+            raise GoferError(f"unexpected {type(msg).__name__} frame during GPU setup")
+        if _GROUP[msg.kind] != group:
+            if group is not None:
+                spans.add(f"gpu {group}", t0, count=count)
+            group, t0, count = _GROUP[msg.kind], time.monotonic_ns(), 0
         gpu.apply(root, msg)
         n += 1
         count += 1

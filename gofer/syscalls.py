@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -88,7 +87,7 @@ _NR = {
                "fsconfig": 431, "fsmount": 432, "openat2": 437, "mount_setattr": 442, "setns": 308},
     "aarch64": {"pivot_root": 41, "open_tree": 428, "move_mount": 429, "fsopen": 430,
                 "fsconfig": 431, "fsmount": 432, "openat2": 437, "mount_setattr": 442, "setns": 268},
-}[platform.machine()]
+}[os.uname().machine]
 
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long

@@ -2,11 +2,11 @@
 
 Sequence (the gofer's side is in gofer/protocol.py):
   1. parse the bundle and the GPU request; send Start so the gofer can begin unsharing
-     and mounting the spec's mounts;
+     and mounting the spec's mounts;                                   (sandbox/stream.py)
   2. discover the driver and walk the library closure, sending each action the moment it
-     is known (the gofer applies them while we read the next ELF header);
-  3. send End; read Ready (the gofer's spans) or Error; wait for the container and
-     forward SIGINT/SIGTERM/SIGHUP to it; exit with its status (128+N for signal N).
+     is known (the gofer applies them while we read the next ELF header), then End;
+  3. here: read Ready (the gofer's spans) or Error; wait for the container and forward
+     SIGINT/SIGTERM/SIGHUP to it; exit with its status (128+N for signal N).
 The supervisor itself never unshares or mounts anything.
 """
 
@@ -15,14 +15,13 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 import time
 
 import anyio
 
 from gofer import protocol
 from mounts.errors import SandboxError
-from mounts.spec import load_bundle
+from mounts.spec import Bundle
 from sandbox.state import StateDir
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -35,34 +34,6 @@ class GoferFailed(SandboxError):
 def exit_code(status: int) -> int:
     code = os.waitstatus_to_exitcode(status)
     return 128 - code if code < 0 else code
-
-
-def stream_plan(args, sock: socket.socket, spans: protocol.Spans, t_spawn: int):
-    """Steps 1 and 2. Returns (bundle, gofer-visible failure or None)."""
-    with spans.span("bundle parse"):
-        bundle = load_bundle(args.bundle)
-        from mounts.request import gpu_request
-
-        request = gpu_request(bundle.spec, args.gpus, args.capabilities)
-    for name in bundle.spec.unenforced():
-        print(f"sandbox run: warning: {name} is set in config.json but not enforced", file=sys.stderr)
-    protocol.send(sock, protocol.Start(bundle.spec, bundle.rootfs, bundle.path, spans.enabled,
-                                       gpu=request is not None))
-    if request is not None:
-        from mounts.driver import discover
-        from mounts.plan import iter_plan, layout_of
-
-        with spans.span("discovery"):
-            inventory = discover(args.driver_root)
-            layout = layout_of(bundle.rootfs)
-        t = time.monotonic_ns()
-        n = 0
-        for action in iter_plan(request, inventory, layout):
-            protocol.send(sock, action)
-            n += 1
-        spans.add("closure + stream", t, actions=n)
-    protocol.send(sock, protocol.End())
-    return bundle
 
 
 async def _wait_readable(sock: socket.socket) -> None:
@@ -102,21 +73,17 @@ async def _forward_signals(pid: int) -> None:
                 return
 
 
-async def _supervise(args, pid: int, sock: socket.socket, t_spawn: int) -> int:
-    spans = protocol.Spans(bool(args.trace), os.getpid())
-    spans.add("imports", t_spawn)
+async def _supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans, bundle: Bundle | None,
+                     error: BaseException | None) -> int:
+    spans.add("event loop start", spans.items[-1].end_ns if spans.items else time.monotonic_ns())
     state = None
-    error: BaseException | None = None
-    try:
-        bundle = stream_plan(args, sock, spans, t_spawn)
-        state = StateDir(args.root, args.id or os.path.basename(bundle.path))
-        state.create(pid, bundle.path)
-    except (SandboxError, OSError) as e:
-        error = e
-        if isinstance(e, BrokenPipeError):
-            error = None  # the gofer failed first: its Error frame says why
-        else:
-            sock.shutdown(socket.SHUT_WR)  # the gofer sees EOF before End and gives up
+    if bundle is not None and error is None:
+        try:
+            state = StateDir(args.root, args.id or os.path.basename(bundle.path))
+            state.create(pid, bundle.path)
+        except (SandboxError, OSError) as e:
+            error, state = e, None
+            os.kill(pid, signal.SIGKILL)
 
     status_box: list[int] = []
     async with anyio.create_task_group() as tg:
@@ -151,14 +118,7 @@ async def _supervise(args, pid: int, sock: socket.socket, t_spawn: int) -> int:
     return code
 
 
-def supervise(args, pid: int, sock: socket.socket, t_spawn: int) -> int:
-    try:
-        return anyio.run(_supervise, args, pid, sock, t_spawn, backend="trio")
-    finally:
-        # never leave the gofer behind, whatever happened above
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-
+def supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans, bundle: Bundle | None,
+              error: BaseException | None) -> int:
+    """Step 3: wait for the gofer's replies and the container's exit under the event loop."""
+    return anyio.run(_supervise, args, pid, sock, spans, bundle, error, backend="trio")

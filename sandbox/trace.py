@@ -52,12 +52,13 @@ def top_level(events: list[Event]) -> list[Event]:
 
 
 def critical_path(events: list[Event]) -> list[Event]:
-    """Walk back from the last span: each step takes the top-level span (of either process)
-    that ended last before the current one started; the chain the exec waited on."""
+    """Walk back from exec (or the last span): each step takes the top-level span (of
+    either process) that ended last before the current one started: what exec waited on."""
     spans = top_level(events)
     if not spans:
         return []
-    cur = max(spans, key=lambda e: e.ts + (e.dur or 0))
+    execs = [e for e in spans if e.name == "exec"]
+    cur = execs[0] if execs else max(spans, key=lambda e: e.ts + (e.dur or 0))
     path = [cur]
     while True:
         before = [e for e in spans if e.ts + (e.dur or 0) <= cur.ts + 1e-3 and e is not cur]

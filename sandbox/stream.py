@@ -1,0 +1,39 @@
+"""Steps 1-2 of ``sandbox run`` (synchronous, before the event loop is even imported):
+parse the bundle, send Start, then discover the driver and stream each action of the plan
+to the gofer the moment it is known."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+from gofer import protocol
+from mounts.spec import Bundle, load_bundle
+
+
+def stream_plan(args, sock: socket.socket, spans: protocol.Spans) -> Bundle:
+    with spans.span("bundle parse"):
+        bundle = load_bundle(args.bundle)
+        from mounts.request import gpu_request
+
+        request = gpu_request(bundle.spec, args.gpus, args.capabilities)
+    for name in bundle.spec.unenforced():
+        print(f"sandbox run: warning: {name} is set in config.json but not enforced", file=sys.stderr)
+    protocol.send(sock, protocol.Start(bundle.spec, bundle.rootfs, bundle.path, spans.enabled,
+                                       gpu=request is not None))
+    if request is not None:
+        from mounts.driver import discover
+        from mounts.plan import iter_plan, layout_of
+
+        with spans.span("discovery"):
+            inventory = discover(args.driver_root)
+            layout = layout_of(bundle.rootfs)
+        t = time.monotonic_ns()
+        n = 0
+        for action in iter_plan(request, inventory, layout):
+            protocol.send(sock, action)
+            n += 1
+        spans.add("closure + stream", t, actions=n)
+    protocol.send(sock, protocol.End())
+    return bundle
