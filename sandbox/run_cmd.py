@@ -2,14 +2,16 @@
 
 The gofer is forked right after the imports both sides share: the child starts building
 the root (its own imports, unshare, spec mounts) while the parent parses the bundle and
-resolves the GPU closure; only then does the parent import the event loop (anyio on trio, ~115 ms)
-to wait, which overlaps with the container's own start. The process is single-threaded at
-the fork and the child runs plain Python (no locks held), so forking here is safe.
+resolves the GPU closure; only then does the parent import the event loop (anyio on trio,
+~100 ms) to wait, which overlaps with the container's own start. The process is
+single-threaded at the fork and the child runs plain Python (no locks held), so forking
+here is safe.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 
@@ -17,10 +19,15 @@ import time
 # before the fork, so the child inherits them instead of importing them again.
 from gofer.protocol import Spans
 from mounts.errors import SandboxError
+from sandbox.state import StateDir
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def main(args) -> int:
     t0 = time.monotonic_ns()
+    bundle_path = os.path.abspath(args.bundle)
+    state = StateDir(args.root, args.id or os.path.basename(bundle_path))
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     pid = os.fork()
     if pid == 0:
@@ -29,15 +36,29 @@ def main(args) -> int:
 
         serve(theirs, t0)  # never returns
     theirs.close()
-    try:
-        from sandbox.stream import stream_plan
 
+    # Until the event loop takes over, forward signals with plain handlers.
+    def forward(signum, _frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    try:
         spans = Spans(bool(args.trace), os.getpid())
         spans.add("imports", t0)
         error = None
-        bundle = None
         try:
-            bundle = stream_plan(args, ours, spans)
+            state.create(pid, bundle_path)
+        except (SandboxError, OSError) as e:
+            ours.close()
+            raise SandboxError(str(e)) from None
+        try:
+            from sandbox.stream import stream_plan
+
+            stream_plan(args, ours, spans)
         except BrokenPipeError:
             pass  # the gofer failed first: its Error frame says why
         except (SandboxError, OSError) as e:
@@ -47,12 +68,12 @@ def main(args) -> int:
         from sandbox.supervisor import supervise
 
         spans.add("import supervisor", t)
-
-        return supervise(args, pid, ours, spans, bundle, error)
+        return supervise(args, pid, ours, spans, error)
     finally:
+        state.remove()
         # never leave the gofer behind, whatever happened above
         try:
-            os.kill(pid, 9)
+            os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass

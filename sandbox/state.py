@@ -29,6 +29,7 @@ class StateDir:
             raise SandboxError(f"--id {cid!r}: invalid container id (letters, digits, _.+- only)")
         self.dir = os.path.join(root, cid)
         self.id = cid
+        self.owned = False
 
     def create(self, pid: int, bundle: str) -> None:
         os.makedirs(os.path.dirname(self.dir), mode=0o711, exist_ok=True)
@@ -40,7 +41,8 @@ class StateDir:
                 raise SandboxError(f"container id {self.id!r} is in use (pid {old.pid}, {self.dir})") from None
             shutil.rmtree(self.dir, ignore_errors=True)
             os.mkdir(self.dir, 0o711)
-        self.write(State(self.id, pid, bundle, "creating", time.time()))
+        self.owned = True
+        self.write(State(self.id, pid, bundle, "running", time.time()))
 
     def write(self, state: State) -> None:
         tmp = os.path.join(self.dir, "state.json.tmp")
@@ -56,7 +58,8 @@ class StateDir:
             return None
 
     def remove(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.owned:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

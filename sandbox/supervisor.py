@@ -21,8 +21,6 @@ import anyio
 
 from gofer import protocol
 from mounts.errors import SandboxError
-from mounts.spec import Bundle
-from sandbox.state import StateDir
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -73,30 +71,15 @@ async def _forward_signals(pid: int) -> None:
                 return
 
 
-async def _supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans, bundle: Bundle | None,
+async def _supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans,
                      error: BaseException | None) -> int:
     spans.add("event loop start", spans.items[-1].end_ns if spans.items else time.monotonic_ns())
-    state = None
-    if bundle is not None and error is None:
-        try:
-            state = StateDir(args.root, args.id or os.path.basename(bundle.path))
-            state.create(pid, bundle.path)
-        except (SandboxError, OSError) as e:
-            error, state = e, None
-            os.kill(pid, signal.SIGKILL)
-
-    status_box: list[int] = []
     async with anyio.create_task_group() as tg:
-        async def wait_and_stop():
-            status_box.append(await _wait_exit(pid))
-            tg.cancel_scope.cancel()
-
-        tg.start_soon(wait_and_stop)
         tg.start_soon(_forward_signals, pid)
-        replies = await _read_replies(sock)
+        replies = await _read_replies(sock)  # until EOF: the gofer exec'd or exited
+        status = await _wait_exit(pid)
+        tg.cancel_scope.cancel()
     sock.close()
-    if state is not None:
-        state.remove()
 
     gofer_spans = []
     failure = None
@@ -110,7 +93,7 @@ async def _supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans,
         write_trace(args.trace, spans.items + gofer_spans)
     if error is not None:
         raise error
-    code = exit_code(status_box[0])
+    code = exit_code(status)
     if failure is not None:
         err = GoferFailed(failure)
         err.exit_code = code or 1  # 127 when exec failed
@@ -118,7 +101,6 @@ async def _supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans,
     return code
 
 
-def supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans, bundle: Bundle | None,
-              error: BaseException | None) -> int:
+def supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans, error: BaseException | None) -> int:
     """Step 3: wait for the gofer's replies and the container's exit under the event loop."""
-    return anyio.run(_supervise, args, pid, sock, spans, bundle, error, backend="trio")
+    return anyio.run(_supervise, args, pid, sock, spans, error, backend="trio")

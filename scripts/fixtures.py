@@ -314,13 +314,10 @@ def default_spec(args: list[str], env: list[str] | None = None, rootfs_path: str
 
 
 def bundle(dest: Path, root: Path, args: list[str], env: list[str] | None = None, **spec_updates) -> Path:
-    """Write an OCI bundle at ``dest`` whose rootfs is a symlink to ``root`` (never copied)."""
+    """Write an OCI bundle at ``dest`` whose root.path is the absolute path of ``root`` (a
+    shared, never-copied rootfs; runc refuses a rootfs reached through a symlink)."""
     dest.mkdir(parents=True, exist_ok=True)
-    link = dest / "rootfs"
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(root)
-    spec = default_spec(args, env)
+    spec = default_spec(args, env, str(root))
     spec.update(spec_updates)
     (dest / "config.json").write_text(json.dumps(spec, indent=2))
     return dest

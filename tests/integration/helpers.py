@@ -1,0 +1,68 @@
+"""Helpers for integration tests: run the real CLI, snapshot the host's mounts and a tree."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+import sys
+
+
+def sandbox(*args, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sandbox.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def sandbox_popen(*args, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "sandbox.cli", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def mount_table() -> list[tuple[str, str, str]]:
+    """The host's mounts as (mount point, fs type, source), from the test's own namespace."""
+    rows = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            rows.append((fields[4], rfields[0], rfields[1]))
+    return sorted(rows)
+
+
+def tree(root) -> dict[str, tuple]:
+    """Every path under ``root`` (links not followed) with its type, mode, owner and content."""
+    out = {}
+    root = str(root)
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                content = os.readlink(path)
+            elif stat.S_ISREG(st.st_mode):
+                with open(path, "rb") as f:
+                    content = hashlib.sha256(f.read()).hexdigest()
+            else:
+                content = st.st_rdev
+            out[os.path.relpath(path, root)] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode),
+                                                st.st_uid, st.st_gid, content)
+    st = os.lstat(root)
+    out["."] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, None)
+    return out
+
+
+def children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,182 @@
+"""`sandbox run` end to end as root: real namespaces, real mounts, the real 535 driver files,
+glibc's loader inside the container. Each test checks the host is left as it was."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from tests.integration.helpers import alive, children, mount_table, sandbox, sandbox_popen, tree
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+SMI_NO_DRIVER = "couldn't communicate with the NVIDIA driver"
+GPU_SCRIPT = ("nvidia-smi; echo nvidia-smi=$?; cudacheck; echo cudacheck=$?; "
+              "ls -l /dev/nvidia*; for f in /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/lib64/libcuda.so.1; "
+              "do [ -e $f ] && readlink $f; done; true")
+
+
+@pytest.fixture
+def host_unchanged(rootfs_debian, rootfs_lib64):
+    """The host's mount table and both rootfs trees are the same after the test."""
+    before = (mount_table(), tree(rootfs_debian), tree(rootfs_lib64))
+    yield
+    assert mount_table() == before[0], "the host's mount table changed"
+    assert tree(rootfs_debian) == before[1], "the Debian rootfs changed"
+    assert tree(rootfs_lib64) == before[2], "the lib64 rootfs changed"
+
+
+def run(bundle, driver_root, tmp_path, *extra, **kw):
+    return sandbox("run", bundle, "--driver-root", driver_root, "--root", tmp_path / "state", *extra, **kw)
+
+
+@pytest.mark.parametrize("style", ["debian", "lib64"])
+def test_gpu_container_runs_nvidia_smi(style, make_bundle, driver_root, driver_version, tmp_path,
+                                       rootfs_debian, rootfs_lib64, host_unchanged):
+    rootfs = rootfs_debian if style == "debian" else rootfs_lib64
+    bundle = make_bundle(["sh", "-c", GPU_SCRIPT], ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=rootfs)
+    r = run(bundle, driver_root, tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout + r.stderr
+    # glibc found libnvidia-ml.so.1 through our ld.so.cache: NVIDIA's own message, exit 9
+    assert SMI_NO_DRIVER in out and "nvidia-smi=9" in out, out
+    assert "error while loading shared libraries" not in out and "couldn't find libnvidia-ml" not in out
+    assert "libcuda.so.1: cuInit found" in out and "cudacheck=0" in out
+    nodes = {path: (int(major), int(minor)) for major, minor, path in
+             re.findall(r"^c\S*\s+\d+\s+\S+\s+\S+\s+(\d+),\s+(\d+)\s.*\s(/dev/\S+)$", out, re.M)}
+    assert nodes == {"/dev/nvidiactl": (195, 255), "/dev/nvidia0": (195, 0), "/dev/nvidia1": (195, 1),
+                     "/dev/nvidia-uvm": (508, 0), "/dev/nvidia-uvm-tools": (508, 1)}
+    assert f"libcuda.so.{driver_version}" in out
+
+
+def test_one_gpu_and_no_gpu(make_bundle, driver_root, tmp_path, host_unchanged):
+    one = run(make_bundle(["sh", "-c", "ls /dev"], ["NVIDIA_VISIBLE_DEVICES=1"]), driver_root, tmp_path)
+    assert one.returncode == 0, one.stderr
+    assert "nvidia1" in one.stdout.split() and "nvidia0" not in one.stdout.split()
+    none = run(make_bundle(["sh", "-c", "ls /dev /usr/lib/x86_64-linux-gnu"]), driver_root, tmp_path)
+    assert none.returncode == 0, none.stderr
+    assert "nvidia" not in none.stdout
+
+
+def test_exit_status_and_signal_propagate(make_bundle, driver_root, tmp_path, host_unchanged):
+    assert run(make_bundle(["sh", "-c", "exit 7"]), driver_root, tmp_path).returncode == 7
+    # without a pid namespace the shell is not pid 1 and can die by its own signal
+    spec = fixtures_spec_without_pidns(make_bundle, ["sh", "-c", "kill -TERM $$"])
+    assert run(spec, driver_root, tmp_path).returncode == 128 + signal.SIGTERM
+
+
+def fixtures_spec_without_pidns(make_bundle, args, env=()):
+    import fixtures
+
+    spec = fixtures.default_spec(args, list(env))
+    return make_bundle(args, env, linux={**spec["linux"], "namespaces": [
+        {"type": t} for t in ("network", "ipc", "uts", "mount")]})
+
+
+def test_signals_are_forwarded(make_bundle, driver_root, tmp_path, host_unchanged):
+    bundle = fixtures_spec_without_pidns(make_bundle, ["sh", "-c", "echo started; exec sleep 30"])
+    p = sandbox_popen("run", bundle, "--driver-root", driver_root, "--root", tmp_path / "state")
+    assert p.stdout.readline().strip() == "started"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=10) == 128 + signal.SIGTERM
+
+
+def test_killing_the_supervisor_kills_gofer_and_container(make_bundle, driver_root, tmp_path, host_unchanged):
+    bundle = make_bundle(["sh", "-c", "echo started; sleep 300"], ["NVIDIA_VISIBLE_DEVICES=all"])
+    p = sandbox_popen("run", bundle, "--driver-root", driver_root, "--root", tmp_path / "state")
+    assert p.stdout.readline().strip() == "started"
+    descendants, queue = [], [p.pid]
+    while queue:
+        pid = queue.pop()
+        kids = children(pid)
+        descendants += kids
+        queue += kids
+    assert len(descendants) >= 2  # the gofer, the container (and its sleep)
+    p.kill()
+    p.wait()
+    deadline = time.monotonic() + 5
+    while any(alive(d) for d in descendants) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(d) for d in descendants)
+
+
+def test_gofer_killed_mid_mount_leaves_nothing(make_bundle, driver_root, tmp_path, host_unchanged):
+    """SIGKILL the gofer at different moments of its setup: nothing may remain."""
+    bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all",
+                                    "NVIDIA_DRIVER_CAPABILITIES=all"])
+    for delay in (0.0, 0.01, 0.02, 0.03, 0.05, 0.08):
+        p = sandbox_popen("run", bundle, "--driver-root", driver_root, "--root", tmp_path / "state")
+        time.sleep(delay)
+        for pid in children(p.pid):
+            os.kill(pid, signal.SIGKILL)
+        p.wait(timeout=20)
+        assert len(p.stderr.read().strip().splitlines()) <= 1
+
+
+def test_bad_bundle_exit_2(tmp_path, driver_root):
+    (tmp_path / "config.json").write_text('{"ociVersion": "1.0", "root": {"path": "rootfs"}, "process": 5}')
+    (tmp_path / "rootfs").mkdir()
+    r = sandbox("run", tmp_path, "--driver-root", driver_root, "--root", tmp_path / "state")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "config.json" in r.stderr and "$.process" in r.stderr
+
+
+def test_bad_gpu_request_exit_2(make_bundle, driver_root, tmp_path, host_unchanged):
+    r = run(make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=9"]), driver_root, tmp_path)
+    assert r.returncode == 2 and "unknown device '9'" in r.stderr
+
+
+def test_exec_failure_is_127_with_a_message(make_bundle, driver_root, tmp_path, host_unchanged):
+    r = run(make_bundle(["no-such-program"]), driver_root, tmp_path)
+    assert r.returncode == 127 and "exec no-such-program" in r.stderr
+
+
+def test_trace_has_both_processes_and_overlap(make_bundle, driver_root, tmp_path, host_unchanged):
+    import json
+
+    trace = tmp_path / "trace.json"
+    r = run(make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all"]), driver_root, tmp_path, "--trace", trace)
+    assert r.returncode == 0, r.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    spans = {e["name"]: e for e in events if e["ph"] == "X"}
+    for name in ("bundle parse", "discovery", "closure + stream", "unshare", "spec mounts",
+                 "gpu mounts", "gpu libraries", "gpu ld.so.cache", "pivot_root", "exec"):
+        assert name in spans, name
+    assert len({e["pid"] for e in events if e["ph"] == "X"}) >= 2
+    # the gofer is at work (imports, unshare, mounts) while the supervisor resolves the closure
+    s = spans["closure + stream"]
+    gofer = [e for e in events if e["ph"] == "X" and e["pid"] != s["pid"]]
+    assert any(g["ts"] < s["ts"] + s["dur"] and s["ts"] < g["ts"] + g["dur"] for g in gofer)
+    shown = sandbox("trace", trace, "--svg", tmp_path / "t.svg")
+    assert shown.returncode == 0 and "critical path" in shown.stdout
+    assert (tmp_path / "t.svg").read_text().startswith("<svg")
+
+
+def test_same_bundle_runs_under_runc(make_bundle, tmp_path, host_unchanged):
+    import subprocess
+
+    bundle = make_bundle(["sh", "-c", "echo hello from runc; cat /etc/debian_version"])
+    r = subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "--bundle", str(bundle), "peer1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "hello from runc" in r.stdout
+    ours = sandbox("run", bundle, "--root", tmp_path / "state")
+    assert ours.returncode == 0 and ours.stdout == r.stdout
+
+
+def test_two_containers_at_once_and_id_in_use(make_bundle, driver_root, tmp_path, host_unchanged):
+    a = sandbox_popen("run", make_bundle(["sh", "-c", "echo started; sleep 30"]), "--id", "one",
+                      "--root", tmp_path / "state")
+    assert a.stdout.readline().strip() == "started"
+    quick = make_bundle(["true"])
+    b = sandbox("run", quick, "--id", "two", "--root", tmp_path / "state")
+    assert b.returncode == 0, b.stderr
+    c = sandbox("run", quick, "--id", "one", "--root", tmp_path / "state")
+    assert c.returncode == 1 and "'one' is in use" in c.stderr
+    assert (tmp_path / "state/one/state.json").exists()  # the refused run left a's state alone
+    a.kill()
+    a.wait()
