@@ -146,6 +146,12 @@ class Root:
                 os.close(tree)
         self.writable_devs.add(os.fstat(ov).st_dev)
         self.overlays[key] = ov
+        root_st = os.fstat(self.fd)
+        if key == (root_st.st_dev, root_st.st_ino):
+            # the image's root itself (a lib dir linked to "/" resolves here): pivot into the
+            # overlay, not the bind mount now hidden under it
+            os.close(self.fd)
+            self.fd = os.dup(ov)
         if below:
             # cached fds below host_dir now name hidden mounts: resolve them afresh
             self._refresh()

@@ -1,0 +1,84 @@
+"""Hostile images (CVE-2024-0132/0133/0134, CVE-2025-23359): symlinked lib dirs, /etc,
+/usr/bin and /dev, library names that are links to host paths, `..` climbs. Whatever the
+run's outcome, nothing outside the rootfs is created, mounted or written, nothing of the host
+shows inside, and the image is unchanged."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from tests.integration.helpers import mount_table, sandbox, tree
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+LIB = "usr/lib/x86_64-linux-gnu"
+SCRIPT = "ls /usr/lib/x86_64-linux-gnu/ /etc /usr/bin; cat /usr/lib/x86_64-linux-gnu/host-secret; true"
+
+
+@pytest.fixture
+def host_dir(tmp_path):
+    """A host directory the image's links point at; it must stay exactly as it is."""
+    d = tmp_path / "host"
+    d.mkdir()
+    (d / "host-secret").write_text("secret of the host\n")
+    (d / "libcuda.so.1").write_text("host file\n")
+    return d
+
+
+def _break(root, path, target):
+    p = root / path
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p)
+    elif p.exists() or p.is_symlink():
+        p.unlink()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.symlink_to(target)
+
+
+CASES = {
+    "libdir-to-host-root": [(LIB, "/")],
+    "libdir-to-host-dir": [(LIB, "{host}")],
+    "libdir-climbs": [(LIB, "../../../../../../../../..")],
+    "libdir-climbs-to-host-dir": [(LIB, "../../../../../../../../..{host}")],
+    "etc-to-host-etc": [("etc", "/etc")],
+    "etc-to-host-dir": [("etc", "{host}")],
+    "usrbin-to-host-dir": [("usr/bin", "../../../../../../..{host}")],
+    "dev-to-host-dev": [("dev", "/dev")],
+    "libnames-to-host-files": [(f"{LIB}/libcuda.so.535.261.03", "{host}/libcuda.so.1"),
+                               (f"{LIB}/libcuda.so.1", "{host}/libcuda.so.1"),
+                               (f"{LIB}/libnvidia-ml.so.1", "/etc/passwd"),
+                               ("etc/ld.so.cache", "{host}/host-secret")],
+    "firmware-parent-to-host": [("lib/firmware", "{host}")],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hostile_rootfs(case, tmp_path, host_dir, rootfs_debian, driver_root, make_bundle):
+    root = tmp_path / "rootfs"
+    shutil.copytree(rootfs_debian, root, symlinks=True)
+    (root / "usr/bin/sh").unlink()
+    shutil.copy2(rootfs_debian / "usr/bin/busybox", root / "sh")  # a shell that survives usr/bin games
+    for path, target in CASES[case]:
+        _break(root, path, target.format(host=host_dir))
+    bundle = make_bundle(["/sh", "-c", SCRIPT], ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=root)
+    watched = {"/": os.listdir("/"), "/etc": sorted(os.listdir("/etc")), "/dev": sorted(os.listdir("/dev"))}
+    before = (mount_table(), tree(host_dir), tree(root), os.stat("/etc/passwd").st_mtime_ns)
+
+    r = sandbox("run", bundle, "--driver-root", driver_root, "--root", tmp_path / "state")
+    print(case, r.returncode, r.stderr.strip().splitlines()[-1:], file=open("/tmp/hostile.log", "a"))
+
+    assert mount_table() == before[0], "a mount leaked to the host"
+    assert tree(host_dir) == before[1], "the host directory changed"
+    assert tree(root) == before[2], "the image changed"
+    assert os.stat("/etc/passwd").st_mtime_ns == before[3]
+    assert {"/": os.listdir("/"), "/etc": sorted(os.listdir("/etc")), "/dev": sorted(os.listdir("/dev"))} == watched
+    if r.returncode != 0:
+        assert len(r.stderr.strip().splitlines()) <= 2, r.stderr  # the warning line + one error line
+        assert r.stderr.strip().splitlines()[-1].startswith("sandbox run: ")
+    # nothing of the host shows inside: not its root, its /etc, nor the linked host dir
+    assert "secret of the host" not in r.stdout
+    listing = r.stdout.split()
+    assert "work" not in listing and "host-secret" not in listing
