@@ -305,6 +305,16 @@ class Root:
         self._dirs[key] = top
         return top
 
+    def undo(self) -> None:
+        """Detach every overlay we made (and with it everything mounted inside), newest
+        first: the directories look as they did before. Used when embedded in another
+        runtime's namespace, where nothing half-mounted may remain after an error."""
+        for ov in reversed(list(self.overlays.values())):
+            try:
+                sc.umount2(sc.fdpath(ov), sc.MNT_DETACH)
+            except OSError:
+                pass
+
     def readonly_overlays(self) -> None:
         for ov in self.overlays.values():
             sc.mount_setattr(ov, sc.MOUNT_ATTR_RDONLY, what="overlay")

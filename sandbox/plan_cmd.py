@@ -6,21 +6,11 @@ import sys
 
 import msgspec
 
-from mounts.driver import discover
-from mounts.plan import Plan, compute_plan, layout_of
-from mounts.request import gpu_request
-from mounts.spec import load_bundle
-
-
-def make_plan(bundle_path: str, driver_root: str, gpus: str | None, capabilities: str | None) -> Plan:
-    bundle = load_bundle(bundle_path)
-    request = gpu_request(bundle.spec, gpus, capabilities)
-    inventory = discover(driver_root) if request is not None else None
-    return compute_plan(request, inventory, layout_of(bundle.rootfs))
+from sandbox.api import plan_bundle
 
 
 def main(args) -> int:
-    plan = make_plan(args.bundle, args.driver_root, args.gpus, args.capabilities)
+    plan = plan_bundle(args.bundle, args.driver_root, args.gpus, args.capabilities)
     out = sys.stdout
     if args.json:
         out.write(msgspec.json.encode(plan).decode() + "\n")

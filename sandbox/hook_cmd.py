@@ -1,0 +1,104 @@
+"""``sandbox hook``: the GPU setup as an OCI prestart/createRuntime hook for runc and crun.
+
+The runtime runs us after it has created the container's namespaces and mounted its root,
+before pivot_root, with the container's state on stdin. We plan from the bundle's
+config.json, join the container's mount namespace and mount into its rootfs: the same code
+path as ``sandbox run``, through sandbox.api.
+
+Defences (CVE-2025-23266): nothing of the image's environment is used but the NVIDIA_*
+request; we start no process; the hook entry we install runs Python isolated (-I: no
+PYTHON* variables, no cwd on sys.path) with a fixed PATH, from "/" not the rootfs.
+
+``sandbox hook install BUNDLE`` adds that entry to the bundle's config.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import msgspec
+
+from mounts.errors import BundleError, SandboxError
+
+HOOK_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+
+
+class ContainerState(msgspec.Struct):
+    """What runc and crun write to a hook's stdin."""
+
+    id: str
+    pid: int
+    bundle: str
+    ociVersion: str = ""  # noqa: N815 - the spec's field name
+    status: str = ""
+
+
+def main(args) -> int:
+    if args.action == "install":
+        return install(args)
+    return run_hook(args)
+
+
+def run_hook(args) -> int:
+    os.chdir("/")  # never work from inside the container's rootfs
+    from gofer.protocol import Spans
+    from mounts.spec import load_bundle
+    from sandbox.api import apply_plan, plan_bundle, request_for
+
+    spans = Spans(bool(args.trace), os.getpid())
+    t = time.monotonic_ns()
+    try:
+        state = msgspec.json.decode(sys.stdin.buffer.read(), type=ContainerState)
+    except msgspec.DecodeError as e:
+        raise BundleError(f"container state on stdin: {e}") from None
+    bundle = load_bundle(state.bundle)
+    if request_for(bundle, max_capabilities=args.capabilities) is None:
+        return 0  # no GPU asked for: touch nothing
+    spans.add("state + bundle", t)
+    with spans.span("plan"):
+        plan = plan_bundle(bundle, args.driver_root, max_capabilities=args.capabilities)
+    with spans.span("mounts", actions=len(plan.actions)):
+        apply_plan(plan.actions, bundle.rootfs, pid=state.pid)
+    if args.trace:
+        from sandbox.trace import write_trace
+
+        write_trace(args.trace, spans.items)
+    return 0
+
+
+def install(args) -> int:
+    """Add (or replace) our entry in config.json's hooks, written atomically."""
+    if not args.bundle:
+        raise SandboxError("hook install: which bundle? (sandbox hook install BUNDLE)")
+    config = os.path.join(os.path.abspath(args.bundle), "config.json")
+    try:
+        with open(config) as f:
+            spec = json.load(f)
+    except FileNotFoundError:
+        raise BundleError(f"{config}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise BundleError(f"{config}: invalid JSON: {e}") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("hooks", {}), dict):
+        raise BundleError(f"{config}: hooks must be an object")
+    # argv[0] must be the venv's own path: Python finds its prefix (the venv) from it
+    hook_args = [sys.executable, "-I", "-m", "sandbox.cli", "hook", "--driver-root", os.path.abspath(args.driver_root)]
+    if args.capabilities:
+        hook_args += ["--capabilities", args.capabilities]
+    if args.trace:
+        hook_args += ["--trace", os.path.abspath(args.trace)]
+    entry = {"path": sys.executable, "args": hook_args, "env": HOOK_ENV}
+    hooks = spec.setdefault("hooks", {})
+    for stage in ("prestart", "createRuntime"):
+        hooks[stage] = [h for h in hooks.get(stage, []) if h.get("args", [])[2:5] != ["-m", "sandbox.cli", "hook"]]
+        if not hooks[stage]:
+            del hooks[stage]
+    hooks.setdefault(args.stage, []).append(entry)
+    tmp = config + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(spec, f, indent=2)
+    os.replace(tmp, config)
+    print(f"added sandbox hook ({args.stage}) to {config}")
+    return 0
