@@ -181,6 +181,8 @@ def _libraries(root: str, cache: list[ldcache.Entry], version: str) -> list[Driv
         path = resolve_in_root(root, e.value)
         if path is None or not path.endswith(suffix) or (e.key, e.flags) in seen:
             continue
+        if not os.path.isfile(path):  # never open a FIFO or device as an ELF file
+            raise DriverError(f"{path}: library {e.key} of the driver is not a regular file")
         seen.add((e.key, e.flags))
         libs.append(DriverLib(e.key, path, e.flags))
     return libs

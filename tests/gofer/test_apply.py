@@ -1,0 +1,82 @@
+"""The gofer's mount code on the real kernel, in a private mount namespace of a child
+process (unshare -m): apply a plan to a rootfs through sandbox.api.apply_plan and look at
+the result from inside that namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.integration.helpers import mount_table, tree
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+
+CHILD = textwrap.dedent("""
+    import json, os, sys
+    from gofer import root as R
+    from sandbox.api import apply_plan, plan_bundle
+    args = json.loads(sys.argv[1])
+    R.USE_MOUNT_API = args["mount_api"]
+    def mounts():
+        with open("/proc/self/mountinfo") as f:
+            return sorted(l.split()[4] for l in f)
+    plan = plan_bundle(args["bundle"], args["driver"])
+    before = mounts()
+    out = {"error": None}
+    try:
+        out["applied"] = apply_plan(plan.actions, args["rootfs"])
+    except Exception as e:
+        out["error"] = str(e)
+    out["added"] = sorted(set(mounts()) - set(before))
+    out["gone"] = sorted(set(before) - set(mounts()))
+    lib = os.path.join(args["rootfs"], "usr/lib/x86_64-linux-gnu")
+    out["lib"] = sorted(os.listdir(lib)) if os.path.isdir(lib) else None
+    if out["error"] is None:  # probe the bound library (never the image after a failure)
+        try:
+            open(os.path.join(lib, "libcuda.so.1"), "ab").close()
+            out["lib_writable"] = True
+        except OSError as e:
+            out["lib_writable"] = e.strerror
+    print(json.dumps(out))
+""")
+
+
+def apply_in_child(bundle, rootfs, driver, mount_api=True):
+    arg = json.dumps({"bundle": str(bundle), "rootfs": str(rootfs), "driver": str(driver), "mount_api": mount_api})
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", CHILD, arg],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("mount_api", [True, False], ids=["open_tree", "mount-remount"])
+def test_apply_in_own_namespace(mount_api, make_bundle, rootfs_debian, driver_root, driver_version):
+    bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all"])
+    host_before, tree_before = mount_table(), tree(rootfs_debian)
+    out = apply_in_child(bundle, rootfs_debian, driver_root, mount_api)
+    assert out["error"] is None and out["applied"] > 20
+    assert f"libcuda.so.{driver_version}" in out["lib"] and "libcuda.so.1" in out["lib"]
+    assert "libc.so.6" in out["lib"]  # the image's own files stay visible through the overlay
+    assert out["lib_writable"] == "Read-only file system"  # bound with MS_RDONLY either way
+    assert any(m.endswith(f"/libcuda.so.{driver_version}") for m in out["added"])
+    assert mount_table() == host_before and tree(rootfs_debian) == tree_before
+
+
+def test_failed_apply_detaches_everything(make_bundle, tmp_path, rootfs_debian, driver_root):
+    root = tmp_path / "rootfs"
+    shutil.copytree(rootfs_debian, root, symlinks=True)
+    (root / "bin").unlink()
+    shutil.rmtree(root / "usr/bin")
+    (root / "usr/bin").write_text("a file where a directory should be\n")
+    bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=root)
+    before = tree(root)
+    out = apply_in_child(bundle, root, driver_root)
+    assert "/usr/bin" in out["error"] and "not a directory" in out["error"]
+    assert out["added"] == [] and out["gone"] == []  # the overlays and binds made before are gone
+    assert tree(root) == before

@@ -1,0 +1,144 @@
+"""`sandbox hook` under Debian's real runc and crun, as prestart and createRuntime hook."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tests.integration.helpers import mount_table, sandbox, tree
+from tests.integration.test_hostile import CASES, _break
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+SCRIPT = "nvidia-smi; echo nvidia-smi=$?; cudacheck; ls -l /dev/nvidia*"
+
+
+def runc(bundle, state_dir, name="c1"):
+    return subprocess.run(["runc", "--root", str(state_dir), "run", "--bundle", str(bundle), name],
+                          capture_output=True, text=True, timeout=60)
+
+
+def crun(bundle, state_dir, name="c1"):
+    """crun needs a pure cgroup2 view on this host: give it one in a private namespace."""
+    script = ("mount -t cgroup2 none /sys/fs/cgroup && "
+              f"exec crun --cgroup-manager=disabled --root {state_dir} run --bundle {bundle} {name}")
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=60)
+
+
+def install(bundle, driver_root, *extra):
+    r = sandbox("hook", "install", bundle, "--driver-root", driver_root, *extra)
+    assert r.returncode == 0, r.stderr
+
+
+def check_gpu_output(out: str):
+    assert "couldn't communicate with the NVIDIA driver" in out and "nvidia-smi=9" in out, out
+    assert "error while loading shared libraries" not in out
+    assert "libcuda.so.1: cuInit found" in out
+    nodes = {p: (int(a), int(b)) for a, b, p in
+             re.findall(r"^c\S*\s+\d+\s+\S+\s+\S+\s+(\d+),\s+(\d+)\s.*\s(/dev/\S+)$", out, re.M)}
+    assert nodes["/dev/nvidiactl"] == (195, 255) and nodes["/dev/nvidia0"] == (195, 0)
+    assert nodes["/dev/nvidia1"] == (195, 1) and nodes["/dev/nvidia-uvm"][1] == 0
+
+
+@pytest.mark.parametrize("runtime,stage", [("runc", "prestart"), ("runc", "createRuntime"),
+                                           ("crun", "createRuntime"), ("crun", "prestart")])
+def test_gpu_container_through_the_hook(runtime, stage, make_bundle, driver_root, tmp_path, rootfs_debian):
+    bundle = make_bundle(["sh", "-c", SCRIPT], ["NVIDIA_VISIBLE_DEVICES=all"])
+    install(bundle, driver_root, "--stage", stage, "--trace", tmp_path / "hook.json")
+    before = (mount_table(), tree(rootfs_debian))
+    r = (runc if runtime == "runc" else crun)(bundle, tmp_path / "state")
+    assert r.returncode == 0, r.stderr
+    check_gpu_output(r.stdout + r.stderr)
+    assert mount_table() == before[0] and tree(rootfs_debian) == before[1]
+    shown = sandbox("trace", tmp_path / "hook.json")
+    assert "mounts" in shown.stdout
+
+
+def test_install_is_idempotent_and_keeps_other_hooks(make_bundle, driver_root):
+    bundle = make_bundle(["true"])
+    config = bundle / "config.json"
+    spec = json.loads(config.read_text())
+    spec["hooks"] = {"prestart": [{"path": "/bin/true"}]}
+    config.write_text(json.dumps(spec))
+    install(bundle, driver_root)
+    install(bundle, driver_root, "--stage", "prestart")
+    hooks = json.loads(config.read_text())["hooks"]
+    assert "createRuntime" not in hooks
+    assert [h["path"] for h in hooks["prestart"]] == ["/bin/true", hooks["prestart"][1]["path"]]
+    assert hooks["prestart"][1]["args"][1:5] == ["-I", "-m", "sandbox.cli", "hook"]
+
+
+def test_no_gpu_bundle_touches_nothing(make_bundle, driver_root, tmp_path):
+    bundle = make_bundle(["sh", "-c", "ls /dev /usr/lib/x86_64-linux-gnu"])
+    install(bundle, "/nonexistent-driver-root")  # never looked at: the bundle asks for no GPU
+    r = runc(bundle, tmp_path / "state")
+    assert r.returncode == 0, r.stderr
+    assert "nvidia" not in r.stdout
+
+
+def test_hook_error_refuses_the_container_and_leaves_nothing(make_bundle, driver_root, tmp_path, rootfs_debian):
+    """/usr/bin is a file in this image: devices and libraries are mounted, then the binaries
+    fail. runc must refuse to start, and every mount the hook made must be gone."""
+    root = tmp_path / "rootfs"
+    shutil.copytree(rootfs_debian, root, symlinks=True)
+    shutil.copy2(rootfs_debian / "usr/bin/busybox", root / "sh")
+    shutil.rmtree(root / "usr/bin")
+    (root / "usr/bin").write_text("not a directory\n")
+    (root / "bin").unlink()
+    bundle = make_bundle(["/sh", "-c", "echo container ran"], ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=root)
+    install(bundle, driver_root, "--trace", tmp_path / "hook.json")
+    before = (mount_table(), tree(root))
+    r = runc(bundle, tmp_path / "state")
+    assert r.returncode != 0 and "container ran" not in r.stdout
+    assert "/usr/bin" in r.stderr and "not a directory" in r.stderr, r.stderr
+    assert mount_table() == before[0] and tree(root) == before[1]
+
+
+def test_hostile_env_has_no_effect(make_bundle, driver_root, tmp_path):
+    """CVE-2025-23266: the image's LD_PRELOAD and PATH never reach the hook or anything."""
+    marker = tmp_path / "preloaded"
+    evil = tmp_path / "evil.c"
+    evil.write_text('#include <stdio.h>\n__attribute__((constructor)) static void f(void) '
+                    f'{{ FILE *m = fopen("{marker}", "a"); if (m) {{ fputs("loaded\\n", m); fclose(m); }} }}\n')
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "evil.so"), str(evil)], check=True)
+    evil_bin = tmp_path / "bin"
+    evil_bin.mkdir()
+    for name in ("ldconfig", "ldconfig.real", "python3", "sh", "mount"):
+        (evil_bin / name).write_text(f"#!/bin/sh\necho ran >> {marker}\n")
+        (evil_bin / name).chmod(0o755)
+    bundle = make_bundle(["sh", "-c", SCRIPT], ["NVIDIA_VISIBLE_DEVICES=all", f"LD_PRELOAD={tmp_path}/evil.so",
+                                                f"PATH={evil_bin}:/usr/bin:/bin"])
+    install(bundle, driver_root)
+    r = runc(bundle, tmp_path / "state")
+    assert r.returncode == 0, r.stderr
+    check_gpu_output(r.stdout + r.stderr)
+    assert not marker.exists(), marker.read_text()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hostile_rootfs_through_the_hook(case, tmp_path, rootfs_debian, driver_root, make_bundle):
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "host-secret").write_text("secret of the host\n")
+    root = tmp_path / "rootfs"
+    shutil.copytree(rootfs_debian, root, symlinks=True)
+    shutil.copy2(rootfs_debian / "usr/bin/busybox", root / "sh")
+    for path, target in CASES[case]:
+        _break(root, path, target.format(host=host))
+    bundle = make_bundle(["/sh", "-c", "cat /usr/lib/x86_64-linux-gnu/host-secret; true"],
+                         ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=root)
+    install(bundle, driver_root)
+    watched = (sorted(os.listdir("/")), sorted(os.listdir("/etc")), sorted(os.listdir("/dev")))
+    before = (mount_table(), tree(host), os.stat("/etc/passwd").st_mtime_ns)
+    r = runc(bundle, tmp_path / "state")
+    assert mount_table() == before[0]
+    assert tree(host) == before[1]
+    assert os.stat("/etc/passwd").st_mtime_ns == before[2]
+    assert (sorted(os.listdir("/")), sorted(os.listdir("/etc")), sorted(os.listdir("/dev"))) == watched
+    assert "secret of the host" not in r.stdout
