@@ -15,7 +15,7 @@ import msgspec
 
 from mounts import ldcache
 from mounts.errors import DriverError, LdCacheError
-from mounts.paths import resolve_in_root
+from mounts.paths import Resolver, resolve_in_root
 
 NVIDIA_MAJOR = 195
 CTL_MINOR, MODESET_MINOR = 255, 254
@@ -51,11 +51,8 @@ class DeviceNode(msgspec.Struct, frozen=True):
 class DriverLib(msgspec.Struct, frozen=True):
     key: str  # the ld.so.cache key that led here (e.g. libcuda.so.1)
     path: str  # host path of the real file (links resolved inside the driver root)
+    name: str  # its file name, e.g. libcuda.so.535.261.03
     flags: int  # ld.so.cache flags: architecture of the entry
-
-    @property
-    def name(self) -> str:
-        return os.path.basename(self.path)
 
 
 class Inventory(msgspec.Struct, frozen=True):
@@ -177,14 +174,16 @@ def _devices(root: str, gpus: list[Gpu], majors: dict[str, int]) -> dict[str, De
 def _libraries(root: str, cache: list[ldcache.Entry], version: str) -> list[DriverLib]:
     libs, seen = [], set()
     suffix = "." + version
+    resolver = Resolver(root)
     for e in cache:
-        path = resolve_in_root(root, e.value)
-        if path is None or not path.endswith(suffix) or (e.key, e.flags) in seen:
+        found = resolver.file(e.value)
+        if found is None or not found[0].endswith(suffix) or (e.key, e.flags) in seen:
             continue
-        if not os.path.isfile(path):  # never open a FIFO or device as an ELF file
+        path, mode = found
+        if not stat.S_ISREG(mode):  # never open a FIFO or device as an ELF file
             raise DriverError(f"{path}: library {e.key} of the driver is not a regular file")
         seen.add((e.key, e.flags))
-        libs.append(DriverLib(e.key, path, e.flags))
+        libs.append(DriverLib(e.key, path, path.rpartition("/")[2], e.flags))
     return libs
 
 

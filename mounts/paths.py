@@ -46,3 +46,42 @@ def resolve_in_root(root: str, path: str) -> str | None:
 
 def exists_in_root(root: str, path: str) -> bool:
     return resolve_in_root(root, path) is not None
+
+
+class Resolver:
+    """resolve_in_root for many files in few directories: each directory is resolved once,
+    and same-directory links (the usual SONAME links) are followed without a full walk."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self._dirs: dict[str, str | None] = {}
+
+    def file(self, path: str) -> tuple[str, int] | None:
+        """(host path, st_mode of the file found) for ``path`` inside the root, or None."""
+        head, _, name = path.rstrip("/").rpartition("/")
+        if head not in self._dirs:
+            self._dirs[head] = resolve_in_root(self.root, head)
+        d = self._dirs[head]
+        if d is None or name in ("", ".", ".."):
+            return self._slow(path)
+        for _ in range(MAX_LINKS):
+            try:
+                st = os.lstat(d + "/" + name)
+            except OSError:
+                return None
+            if not stat.S_ISLNK(st.st_mode):
+                return d + "/" + name, st.st_mode
+            target = os.readlink(d + "/" + name)
+            if "/" in target or target in (".", ".."):
+                return self._slow(path)
+            name = target
+        return None
+
+    def _slow(self, path: str) -> tuple[str, int] | None:
+        host = resolve_in_root(self.root, path)
+        if host is None:
+            return None
+        try:
+            return host, os.stat(host).st_mode
+        except OSError:
+            return None

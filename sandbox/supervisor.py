@@ -88,8 +88,11 @@ async def _supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans,
         if isinstance(msg, protocol.Error):
             failure = msg.message
     if args.trace:
+        import resource
+
         from sandbox.trace import write_trace
 
+        spans.add("supervisor done", time.monotonic_ns(), maxrss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
         write_trace(args.trace, spans.items + gofer_spans)
     if error is not None:
         raise error
