@@ -92,7 +92,7 @@ def _read_le(fd: int, head: bytes, cls: int) -> ElfInfo:
         words = memoryview(data).cast("q" if cls == 2 else "i").tolist()  # d_tag, d_val, ...
         kinds = words[0::2]
         end = kinds.index(DT_NULL) if DT_NULL in kinds else len(kinds)
-        tags = list(zip(kinds[:end], words[1:2 * end:2]))
+        tags = list(zip(kinds[:end], words[1:2 * end:2], strict=True))
     return _resolve(lambda off, size: _pread(fd, size, off, head, "the dynamic string table"),
                     cls * 32, MACHINES.get(machine, str(machine)), tags, loads)
 
