@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Benchmark container start, side by side in one run (interleaved), medians and ratios:
+
+  sandbox run  busybox bundle with GPUs (compute,utility, all GPUs of the 535 fixture)
+  sandbox run  the same bundle without GPUs
+  runc run     the same bundle without GPUs
+  runc run     with `sandbox hook` as createRuntime hook (GPUs), and with a no-op hook
+  sandbox run  with/without GPUs on an image whose ld.so.cache has 1400 entries
+  raw mounts   the plan's bind mounts done by a minimal C loop (scripts/bench/rawmounts.c)
+
+plus, from traced GPU runs: the gofer's mount phase against the raw loop, the supervisor's
+peak RSS, and the phase table of one GPU start. Needs root. BENCH_N sets the run count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO))
+
+import fixtures  # noqa: E402
+
+from mounts import ldcache  # noqa: E402
+
+PY = str(REPO / ".venv/bin/python")
+SANDBOX = [PY, "-m", "sandbox.cli"]
+
+
+def timed(cmd: list[str], **kw) -> float:
+    t = time.perf_counter()
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
+    dt = (time.perf_counter() - t) * 1e3
+    if r.returncode != 0:
+        raise SystemExit(f"benchmark command failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr}")
+    return dt
+
+
+def big_cache_rootfs(work: Path) -> Path:
+    """The Debian-like rootfs with an ld.so.cache of 1400 entries (a large image)."""
+    root = work / "rootfs-big"
+    shutil.copytree(fixtures.rootfs("debian"), root, symlinks=True)
+    entries = ldcache.read(str(root / "etc/ld.so.cache"))
+    entries += [ldcache.Entry(f"libbench{i}.so.{i % 7}", f"/usr/lib/x86_64-linux-gnu/libbench{i}.so.{i % 7}")
+                for i in range(1400 - len(entries))]
+    (root / "etc/ld.so.cache").write_bytes(ldcache.build(entries))
+    return root
+
+
+def main() -> int:
+    if os.geteuid() != 0:
+        raise SystemExit("run the benchmark as root")
+    n = int(os.environ.get("BENCH_N", "20"))
+    driver = fixtures.driver_535()
+    work = Path(tempfile.mkdtemp(prefix="sandbox-bench-"))
+    try:
+        return _bench(n, driver, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _bench(n: int, driver: Path, work: Path) -> int:
+    gpu_env = ["NVIDIA_VISIBLE_DEVICES=all"]
+    rootfs = fixtures.rootfs("debian")
+    gpu = fixtures.bundle(work / "gpu", rootfs, ["true"], gpu_env)
+    plain = fixtures.bundle(work / "plain", rootfs, ["true"])
+    big = big_cache_rootfs(work)
+    big_gpu = fixtures.bundle(work / "big-gpu", big, ["true"], gpu_env)
+    big_plain = fixtures.bundle(work / "big-plain", big, ["true"])
+    hooked = fixtures.bundle(work / "hooked", rootfs, ["true"], gpu_env)
+    subprocess.run(SANDBOX + ["hook", "install", str(hooked), "--driver-root", str(driver)], check=True,
+                   stdout=subprocess.DEVNULL)
+    noop = fixtures.bundle(work / "noop", rootfs, ["true"], gpu_env)
+    spec = json.loads((noop / "config.json").read_text())
+    spec["hooks"] = {"createRuntime": [{"path": "/bin/true", "args": ["true"]}]}
+    (noop / "config.json").write_text(json.dumps(spec))
+
+    raw = work / "rawmounts"
+    subprocess.run(["gcc", "-O2", "-o", str(raw), str(REPO / "scripts/bench/rawmounts.c")], check=True)
+    plan = json.loads(subprocess.run(SANDBOX + ["plan", str(gpu), "--driver-root", str(driver), "--json"],
+                                     check=True, capture_output=True, text=True).stdout)
+    letters = {"ro": "r", "nosuid": "n", "nodev": "d", "noexec": "x"}
+    binds = "".join(f"{a['source']} {''.join(letters[f] for f in a['flags']) or '-'}\n"
+                    for a in plan["actions"] if a["kind"] in ("library", "binary", "firmware", "device", "ipc"))
+
+    state = work / "state"
+    variants = {
+        "sandbox run, GPU": lambda i: timed(SANDBOX + ["run", str(gpu), "--driver-root", str(driver),
+                                                       "--root", str(state)]),
+        "sandbox run, no GPU": lambda i: timed(SANDBOX + ["run", str(plain), "--root", str(state)]),
+        "runc run, no GPU": lambda i: timed(["runc", "--root", str(state / "runc"), "run", "--bundle",
+                                             str(plain), f"b{i}"]),
+        "runc run + sandbox hook, GPU": lambda i: timed(["runc", "--root", str(state / "runc"), "run",
+                                                         "--bundle", str(hooked), f"h{i}"]),
+        "runc run + no-op hook": lambda i: timed(["runc", "--root", str(state / "runc"), "run", "--bundle",
+                                                  str(noop), f"n{i}"]),
+        "sandbox run, GPU, 1400-entry image cache": lambda i: timed(
+            SANDBOX + ["run", str(big_gpu), "--driver-root", str(driver), "--root", str(state)]),
+        "sandbox run, no GPU, 1400-entry image cache": lambda i: timed(
+            SANDBOX + ["run", str(big_plain), "--root", str(state)]),
+    }
+    results: dict[str, list[float]] = {k: [] for k in variants}
+    raw_ms: list[float] = []
+    for fn in variants.values():  # warm-up
+        fn(-1)
+    for i in range(n):
+        for name, fn in variants.items():
+            results[name].append(fn(i))
+        out = subprocess.run([str(raw)], input=binds, capture_output=True, text=True, check=True).stdout
+        raw_ms.append(int(out) / 1e6)
+
+    # traced GPU runs: the mount phase, the supervisor's peak memory, one phase table
+    mount_ms, rss, trace = [], [], work / "trace.json"
+    for _ in range(n):
+        timed(SANDBOX + ["run", str(gpu), "--driver-root", str(driver), "--root", str(state), "--trace", str(trace)])
+        events = json.loads(trace.read_text())["traceEvents"]
+        spans = {e["name"]: e for e in events if e["ph"] == "X"}
+        mount_ms.append(sum(e["dur"] for e in events if e["ph"] == "X" and e["name"].startswith("gpu ")
+                            and e["name"] not in ("gpu ld.so.cache", "gpu procfs")) / 1e3)
+        rss.append(spans["supervisor done"]["args"]["maxrss_kib"] / 1024)
+
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(f"container start, median of {n} interleaved runs (wall ms, whole process):")
+    for k, v in med.items():
+        print(f"  {k:45s} {v:8.2f}")
+    print(f"  {'raw bind+remount loop of the plan (' + str(binds.count(chr(10))) + ' binds)':45s} "
+          f"{statistics.median(raw_ms):8.2f}")
+    print("derived:")
+    print(f"  GPU support adds to sandbox run (GPU - no GPU)        {med['sandbox run, GPU'] - med['sandbox run, no GPU']:7.2f} ms")
+    print(f"  ... on the 1400-entry image                          "
+          f"{med['sandbox run, GPU, 1400-entry image cache'] - med['sandbox run, no GPU, 1400-entry image cache']:7.2f} ms")
+    print(f"  sandbox hook adds to runc run (hook - no-op hook)    {med['runc run + sandbox hook, GPU'] - med['runc run + no-op hook']:7.2f} ms")
+    print(f"  sandbox run, no GPU / runc run, no GPU               {med['sandbox run, no GPU'] / med['runc run, no GPU']:7.2f} x")
+    mm, rm = statistics.median(mount_ms), statistics.median(raw_ms)
+    print(f"  gofer bind phases (traced runs) / raw loop           {mm:5.2f} / {rm:5.2f} ms = {mm / rm:.2f} x")
+    print(f"  supervisor peak RSS                                  {statistics.median(rss):7.1f} MiB")
+    print("phase table of the last traced GPU start:")
+    sys.stdout.write(subprocess.run(SANDBOX + ["trace", str(trace)], capture_output=True, text=True).stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
