@@ -33,6 +33,8 @@ AT_FDCWD = -100
 
 def _unescape(field: str) -> str:
     """mountinfo escapes space, tab, newline and backslash as octal (\\040)."""
+    if "\\" not in field:
+        return field
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
@@ -40,7 +42,7 @@ def _mounts_below(host_dir: str) -> list[str]:
     """Mount points strictly below ``host_dir`` in our namespace, outermost only."""
     prefix = host_dir.rstrip("/") + "/"
     with open("/proc/self/mountinfo") as f:
-        points = sorted({_unescape(line.split()[4]) for line in f} - {host_dir})
+        points = sorted({_unescape(line.split(" ", 5)[4]) for line in f} - {host_dir})
     out: list[str] = []
     for mp in points:
         if mp.startswith(prefix) and not any(mp.startswith(o + "/") for o in out):
@@ -209,33 +211,36 @@ class Root:
         return fd
 
     def ensure_node(self, unsafe_path: str, is_dir: bool = False) -> tuple[int, int, str, bool]:
-        """(parent fd, target fd, name, created) for a mount point at ``unsafe_path``: an
-        existing entry of the right type, or a new empty file/dir in a writable parent.
-        A symlink in the way is replaced (in the overlay), never followed."""
+        """(parent fd, target fd, name, created) for a mount point at ``unsafe_path``: a new
+        empty file/dir in a writable parent, or an existing entry of the right type. A
+        symlink in the way is replaced (in the overlay), never followed."""
         head, _, name = unsafe_path.rstrip("/").rpartition("/")
         if not name or name in (".", ".."):
             raise MountError(unsafe_path, "not a valid mount point path")
         parent = self.writable(self.ensure_dir(head or "/"), head or "/")
-        try:
+        for _ in range(2):
+            try:  # the common case first: nothing there yet (one syscall, and the fd is the target)
+                if is_dir:
+                    os.mkdir(name, 0o755, dir_fd=parent)
+                    fd = os.open(name, O_PATH_DIR | os.O_NOFOLLOW, dir_fd=parent)
+                else:
+                    fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 0o644, dir_fd=parent)
+                self.created += 1
+                return parent, fd, name, True
+            except FileExistsError:
+                pass
             fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
             mode = os.fstat(fd).st_mode
             if stat.S_ISLNK(mode):
                 os.close(fd)
                 os.unlink(name, dir_fd=parent)
-            elif stat.S_ISDIR(mode) == is_dir:
+                continue
+            if stat.S_ISDIR(mode) == is_dir:
                 return parent, fd, name, False
-            else:
-                os.close(fd)
-                raise MountError(unsafe_path, f"exists and is {_kind(mode)}")
-        except FileNotFoundError:
-            pass
-        if is_dir:
-            os.mkdir(name, 0o755, dir_fd=parent)
-        else:
-            os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             0o644, dir_fd=parent))
-        self.created += 1
-        return parent, os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent), name, True
+            os.close(fd)
+            raise MountError(unsafe_path, f"exists and is {_kind(mode)}")
+        raise MountError(unsafe_path, "keeps being replaced while we create it")
 
     # -- actions -----------------------------------------------------------------------
 

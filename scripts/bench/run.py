@@ -56,6 +56,32 @@ def big_cache_rootfs(work: Path) -> Path:
     return root
 
 
+def raw_script(plan: dict, rootfs: Path) -> str:
+    """The plan's mounts as rawmounts.c lines: a tmpfs on /dev (the spec's), one overlay per
+    image directory that gains entries (the nearest existing one), then every bind."""
+    letters = {"ro": "r", "nosuid": "n", "nodev": "d", "noexec": "x"}
+    root = os.path.realpath(rootfs)
+    lines, overlays, dirs = [f"T {root}/dev"], [], []
+    for a in plan["actions"]:
+        if a["kind"] not in ("library", "binary", "firmware", "device", "ipc"):
+            continue
+        parent = os.path.dirname(a["target"])
+        if not parent.startswith("/dev"):
+            d = parent
+            while not os.path.isdir(root + d):
+                d = os.path.dirname(d)
+            real = os.path.realpath(root + d)
+            if real not in overlays:
+                overlays.append(real)
+        dirs.append(parent)
+        flags = "".join(letters[f] for f in a["flags"]) or "-"
+        lines.append(f"B {a['source']} {os.path.realpath(root + parent)}/{os.path.basename(a['target'])} {flags}")
+    # overlays first, outermost first (the gofer re-attaches inner ones; here order avoids it)
+    mkdirs = sorted({os.path.realpath(root + d) for d in dirs} - {os.path.realpath(root + "/dev")})
+    pre = [f"O {d}" for d in sorted(overlays, key=len)]
+    return "\n".join(pre + lines[:1] + [f"D {d}" for d in mkdirs] + lines[1:]) + "\n"
+
+
 def main() -> int:
     if os.geteuid() != 0:
         raise SystemExit("run the benchmark as root")
@@ -88,9 +114,7 @@ def _bench(n: int, driver: Path, work: Path) -> int:
     subprocess.run(["gcc", "-O2", "-o", str(raw), str(REPO / "scripts/bench/rawmounts.c")], check=True)
     plan = json.loads(subprocess.run(SANDBOX + ["plan", str(gpu), "--driver-root", str(driver), "--json"],
                                      check=True, capture_output=True, text=True).stdout)
-    letters = {"ro": "r", "nosuid": "n", "nodev": "d", "noexec": "x"}
-    binds = "".join(f"{a['source']} {''.join(letters[f] for f in a['flags']) or '-'}\n"
-                    for a in plan["actions"] if a["kind"] in ("library", "binary", "firmware", "device", "ipc"))
+    binds = raw_script(plan, rootfs)
 
     state = work / "state"
     variants = {
