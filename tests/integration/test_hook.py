@@ -142,3 +142,22 @@ def test_hostile_rootfs_through_the_hook(case, tmp_path, rootfs_debian, driver_r
     assert os.stat("/etc/passwd").st_mtime_ns == before[2]
     assert (sorted(os.listdir("/")), sorted(os.listdir("/etc")), sorted(os.listdir("/dev"))) == watched
     assert "secret of the host" not in r.stdout
+
+
+def test_runc_wrapper_for_containerd_and_docker(make_bundle, driver_root, tmp_path):
+    """scripts/sandbox-runc, as containerd (BinaryName) or Docker (--runtime) would call it."""
+    bundle = make_bundle(["sh", "-c", SCRIPT], ["NVIDIA_VISIBLE_DEVICES=all"])
+    wrapper = os.path.join(os.path.dirname(__file__), "../../scripts/sandbox-runc")
+    env = {**os.environ, "SANDBOX_DRIVER_ROOT": str(driver_root)}
+    state = str(tmp_path / "state")
+    # the created container's init keeps its stdio open until started: do not wait on pipes
+    r = subprocess.run([wrapper, "--root", state, "create", "--bundle", str(bundle), "w1"],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env=env, timeout=60)
+    assert r.returncode == 0
+    assert "-m" in json.loads((bundle / "config.json").read_text())["hooks"]["createRuntime"][0]["args"]
+    subprocess.run(["runc", "--root", state, "delete", "--force", "w1"], check=True)
+    r = subprocess.run([wrapper, "--root", state, "run", "--bundle", str(bundle), "w2"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    check_gpu_output(r.stdout + r.stderr)
