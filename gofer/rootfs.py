@@ -74,7 +74,10 @@ def enter_namespaces(spec: Spec) -> int:
     unshared flags (the caller forks pid 1 when CLONE_NEWPID is among them)."""
     flags, join = namespace_flags(spec)
     for nstype, path in join:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise MountError(path, f"linux.namespaces: cannot open the {nstype} namespace: {e.strerror}") from None
         try:
             sc.setns(fd, sc.NAMESPACES[nstype], what=f"{nstype} namespace {path}")
         finally:

@@ -103,8 +103,9 @@ def _bench(n: int, driver: Path, work: Path) -> int:
     big_gpu = fixtures.bundle(work / "big-gpu", big, ["true"], gpu_env)
     big_plain = fixtures.bundle(work / "big-plain", big, ["true"])
     hooked = fixtures.bundle(work / "hooked", rootfs, ["true"], gpu_env)
-    subprocess.run(SANDBOX + ["hook", "install", str(hooked), "--driver-root", str(driver)], check=True,
-                   stdout=subprocess.DEVNULL)
+    hook_trace = work / "hook-trace.json"
+    subprocess.run(SANDBOX + ["hook", "install", str(hooked), "--driver-root", str(driver), "--trace",
+                              str(hook_trace)], check=True, stdout=subprocess.DEVNULL)
     noop = fixtures.bundle(work / "noop", rootfs, ["true"], gpu_env)
     spec = json.loads((noop / "config.json").read_text())
     spec["hooks"] = {"createRuntime": [{"path": "/bin/true", "args": ["true"]}]}
@@ -169,6 +170,8 @@ def _bench(n: int, driver: Path, work: Path) -> int:
     print(f"  supervisor peak RSS                                  {statistics.median(rss):7.1f} MiB")
     print("phase table of the last traced GPU start:")
     sys.stdout.write(subprocess.run(SANDBOX + ["trace", str(trace)], capture_output=True, text=True).stdout)
+    print("phase table of the last hook run (inside runc's createRuntime):")
+    sys.stdout.write(subprocess.run(SANDBOX + ["trace", str(hook_trace)], capture_output=True, text=True).stdout)
     return 0
 
 

@@ -1,0 +1,97 @@
+"""The OCI spec fields `sandbox run` enforces, checked from inside the container."""
+
+from __future__ import annotations
+
+import os
+
+import fixtures
+import pytest
+
+from tests.integration.helpers import mount_table, sandbox
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+
+def run(bundle, tmp_path, *extra):
+    return sandbox("run", bundle, "--root", tmp_path / "state", *extra)
+
+
+def test_user_groups_capabilities_rlimits(make_bundle, tmp_path):
+    spec = fixtures.default_spec(["true"])
+    process = {**spec["process"],
+               "user": {"uid": 1000, "gid": 1001, "additionalGids": [10, 20]},
+               "args": ["sh", "-c", "id -u; id -g; id -G; grep -E '^Cap(Prm|Eff|Bnd|Amb)' /proc/self/status; "
+                                    "ulimit -n; echo $TERM"],
+               "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 512, "soft": 256}],
+               "capabilities": {k: ["CAP_NET_BIND_SERVICE", "CAP_KILL"]
+                                for k in ("bounding", "effective", "inheritable", "permitted", "ambient")}}
+    r = run(make_bundle(process=process), tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")
+    assert lines[0:2] == ["1000", "1001"] and set(lines[2].split()) == {"1001", "10", "20"}
+    caps = dict(line.split(":\t") for line in lines[3:7])
+    want = f"{(1 << 5) | (1 << 10):016x}"  # CAP_KILL=5, CAP_NET_BIND_SERVICE=10
+    assert caps == {"CapPrm": want, "CapEff": want, "CapBnd": want, "CapAmb": want}
+    assert lines[7] == "256" and lines[8] == "xterm"
+
+
+def test_readonly_root_masks_and_hostname(make_bundle, tmp_path, driver_root):
+    script = ("touch /newfile 2>/dev/null && echo root-writable || echo root-readonly; "
+              "touch /usr/lib/x86_64-linux-gnu/x 2>/dev/null && echo libdir-writable || echo libdir-readonly; "
+              "wc -c < /proc/keys; ls /proc/acpi | wc -l; "
+              "echo 1 > /proc/sys/kernel/domainname 2>/dev/null && echo sys-writable || echo sys-readonly; "
+              "hostname; touch /dev/shm/ok && echo shm-writable")
+    r = run(make_bundle(["sh", "-c", script], ["NVIDIA_VISIBLE_DEVICES=all"], hostname="gpubox"), tmp_path,
+            "--driver-root", driver_root)
+    assert r.stdout.split() == ["root-readonly", "libdir-readonly", "0", "0", "sys-readonly", "gpubox",
+                                "shm-writable"], r.stdout + r.stderr
+
+
+def test_writable_root_is_the_image_like_runc(make_bundle, tmp_path, rootfs_debian, driver_root):
+    """root.readonly false: container writes land in the rootfs, as under runc (OCI), except in
+    the image directories that got a private overlay for GPU files: those writes vanish."""
+    import json
+    import shutil
+
+    root = tmp_path / "rootfs"
+    shutil.copytree(rootfs_debian, root, symlinks=True)
+    bundle = make_bundle(["sh", "-c", "echo hi > /root/note; echo x > /usr/lib/x86_64-linux-gnu/note; cat /root/note"],
+                         ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=root)
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["root"]["readonly"] = False
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = run(bundle, tmp_path, "--driver-root", driver_root)
+    assert r.returncode == 0 and r.stdout == "hi\n", r.stderr
+    assert (root / "root/note").read_text() == "hi\n"
+    assert not (root / "usr/lib/x86_64-linux-gnu/note").exists()
+
+
+def test_bind_mounts_and_join_a_namespace_by_path(make_bundle, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "hello").write_text("from the host\n")
+    spec = fixtures.default_spec(["true"])
+    mounts = spec["mounts"] + [{"destination": "/mnt/data", "type": "bind", "source": str(shared),
+                                "options": ["rbind", "ro"]}]
+    namespaces = [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
+                  {"type": "network", "path": f"/proc/{os.getpid()}/ns/net"}]
+    bundle = make_bundle(["sh", "-c", "cat /mnt/data/hello; touch /mnt/data/x 2>/dev/null || echo ro; "
+                                      "readlink /proc/self/ns/net"],
+                         mounts=mounts, linux={**spec["linux"], "namespaces": namespaces})
+    before = mount_table()
+    r = run(bundle, tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.split("\n")
+    assert out[0] == "from the host" and out[1] == "ro"
+    assert out[2] == os.readlink("/proc/self/ns/net")  # joined the test's network namespace
+    assert not (shared / "x").exists() and mount_table() == before
+
+
+def test_unenforced_fields_are_named_once(make_bundle, tmp_path):
+    spec = fixtures.default_spec(["true"])
+    bundle = make_bundle(linux={**spec["linux"], "seccomp": {"defaultAction": "SCMP_ACT_ALLOW"}})
+    r = run(bundle, tmp_path)
+    assert r.returncode == 0
+    warnings = [line for line in r.stderr.splitlines() if "warning" in line]
+    assert warnings == ["sandbox run: warning: linux.resources is set in config.json but not enforced",
+                        "sandbox run: warning: linux.seccomp is set in config.json but not enforced"]
