@@ -93,7 +93,62 @@ class Root:
     def open(self, unsafe_path: str, flags: int = os.O_PATH, mode: int = 0) -> int:
         """Open ``unsafe_path`` inside the root; symlinks and ``..`` cannot leave it."""
         rel = unsafe_path.lstrip("/") or "."
-        return sc.openat2(self.fd, rel, flags | os.O_CLOEXEC, RESOLVE, mode, what=unsafe_path)
+        if sc.OPENAT2_AVAILABLE:
+            try:
+                return sc.openat2(self.fd, rel, flags | os.O_CLOEXEC, RESOLVE, mode, what=unsafe_path)
+            except OSError as e:
+                if e.errno != errno.ENOSYS:
+                    raise
+                sc.OPENAT2_AVAILABLE = False  # an old kernel: walk from now on
+        return self._walk(rel, flags, unsafe_path)
+
+    def _walk(self, rel: str, flags: int, unsafe_path: str) -> int:
+        """openat2(RESOLVE_IN_ROOT) by hand for kernels without it: one O_PATH|O_NOFOLLOW
+        open per component from the root fd; a symlink is read and spliced into the rest of
+        the path (absolute ones restart at the root), ``..`` never climbs above the root.
+        Only magic links cannot arise: we never open through /proc of the container."""
+        todo = [p for p in rel.split("/") if p not in ("", ".")]
+        stack = [os.dup(self.fd)]  # fds of the directories walked so far; [0] is the root
+        links = 0
+        try:
+            while todo:
+                part = todo.pop(0)
+                if part == "..":
+                    if len(stack) > 1:
+                        os.close(stack.pop())
+                    continue
+                try:
+                    fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stack[-1])
+                except OSError as e:
+                    raise sc.SyscallError(e.errno, "open (walk)", unsafe_path) from None
+                if stat.S_ISLNK(os.fstat(fd).st_mode):
+                    os.close(fd)
+                    links += 1
+                    if links > 40:
+                        raise sc.SyscallError(errno.ELOOP, "open (walk)", unsafe_path)
+                    target = os.readlink(part, dir_fd=stack[-1])
+                    if target.startswith("/"):
+                        while len(stack) > 1:
+                            os.close(stack.pop())
+                    todo = [p for p in target.split("/") if p not in ("", ".")] + todo
+                    continue
+                if todo and not stat.S_ISDIR(os.fstat(fd).st_mode):
+                    os.close(fd)
+                    raise sc.SyscallError(errno.ENOTDIR, "open (walk)", unsafe_path)
+                stack.append(fd)
+            last = stack.pop()
+            if flags & os.O_DIRECTORY and not stat.S_ISDIR(os.fstat(last).st_mode):
+                os.close(last)
+                raise sc.SyscallError(errno.ENOTDIR, "open (walk)", unsafe_path)
+            if flags & os.O_PATH:
+                return last
+            try:  # reopen what we reached with the wanted flags, through its fd
+                return os.open(sc.fdpath(last), (flags & ~os.O_NOFOLLOW) | os.O_CLOEXEC)
+            finally:
+                os.close(last)
+        finally:
+            for fd in stack:
+                os.close(fd)
 
     def mark_writable(self, fd: int) -> None:
         """Entries may be created in the filesystem of ``fd`` (a tmpfs the spec mounted)."""

@@ -25,7 +25,12 @@ def driver_root() -> Path:
     if path.exists() or path.is_socket():
         path.unlink()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(str(path))
+    cwd = os.getcwd()
+    os.chdir(path.parent)  # a relative name: the checkout's path may be past AF_UNIX's 108 bytes
+    try:
+        sock.bind(path.name)
+    finally:
+        os.chdir(cwd)
     sock.listen(1)
     yield root
     sock.close()

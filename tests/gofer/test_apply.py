@@ -14,15 +14,17 @@ import textwrap
 import pytest
 
 from tests.integration.helpers import mount_table, tree
+from tests.integration.test_hostile import CASES, _break
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
 CHILD = textwrap.dedent("""
     import json, os, sys
-    from gofer import root as R
+    from gofer import root as R, syscalls as sc
     from sandbox.api import apply_plan, plan_bundle
     args = json.loads(sys.argv[1])
     R.USE_MOUNT_API = args["mount_api"]
+    sc.OPENAT2_AVAILABLE = args["openat2"]
     def mounts():
         with open("/proc/self/mountinfo") as f:
             return sorted(l.split()[4] for l in f)
@@ -47,19 +49,21 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def apply_in_child(bundle, rootfs, driver, mount_api=True):
-    arg = json.dumps({"bundle": str(bundle), "rootfs": str(rootfs), "driver": str(driver), "mount_api": mount_api})
+def apply_in_child(bundle, rootfs, driver, mount_api=True, openat2=True):
+    arg = json.dumps({"bundle": str(bundle), "rootfs": str(rootfs), "driver": str(driver),
+                      "mount_api": mount_api, "openat2": openat2})
     r = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", CHILD, arg],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
 
-@pytest.mark.parametrize("mount_api", [True, False], ids=["open_tree", "mount-remount"])
-def test_apply_in_own_namespace(mount_api, make_bundle, rootfs_debian, driver_root, driver_version):
+@pytest.mark.parametrize("mount_api,openat2", [(True, True), (False, True), (True, False)],
+                         ids=["open_tree", "mount-remount", "walk"])
+def test_apply_in_own_namespace(mount_api, openat2, make_bundle, rootfs_debian, driver_root, driver_version):
     bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all"])
     host_before, tree_before = mount_table(), tree(rootfs_debian)
-    out = apply_in_child(bundle, rootfs_debian, driver_root, mount_api)
+    out = apply_in_child(bundle, rootfs_debian, driver_root, mount_api, openat2)
     assert out["error"] is None and out["applied"] > 20
     assert f"libcuda.so.{driver_version}" in out["lib"] and "libcuda.so.1" in out["lib"]
     assert "libc.so.6" in out["lib"]  # the image's own files stay visible through the overlay
@@ -80,3 +84,22 @@ def test_failed_apply_detaches_everything(make_bundle, tmp_path, rootfs_debian, 
     assert "/usr/bin" in out["error"] and "not a directory" in out["error"]
     assert out["added"] == [] and out["gone"] == []  # the overlays and binds made before are gone
     assert tree(root) == before
+
+
+@pytest.mark.parametrize("openat2", [True, False], ids=["openat2", "walk"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hostile_rootfs_both_resolvers(case, openat2, tmp_path, rootfs_debian, driver_root, make_bundle):
+    """The hostile images again, through the API, with openat2 and with the O_PATH walk:
+    every mount made lies inside the rootfs; the host dir and the image are unchanged."""
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "host-secret").write_text("secret\n")
+    root = tmp_path / "rootfs"
+    shutil.copytree(rootfs_debian, root, symlinks=True)
+    for path, target in CASES[case]:
+        _break(root, path, target.format(host=host))
+    bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=root)
+    before = (tree(host), tree(root), mount_table())
+    out = apply_in_child(bundle, root, driver_root, openat2=openat2)
+    assert all(m.startswith(str(root) + "/") or m == str(root) for m in out["added"]), out["added"]
+    assert (tree(host), tree(root), mount_table()) == before

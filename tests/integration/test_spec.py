@@ -95,3 +95,18 @@ def test_unenforced_fields_are_named_once(make_bundle, tmp_path):
     warnings = [line for line in r.stderr.splitlines() if "warning" in line]
     assert warnings == ["sandbox run: warning: linux.resources is set in config.json but not enforced",
                         "sandbox run: warning: linux.seccomp is set in config.json but not enforced"]
+
+
+@pytest.mark.parametrize("tool", ["runc", "crun"])
+def test_accepts_what_runc_and_crun_spec_write(tool, tmp_path, rootfs_debian):
+    """`runc spec` / `crun spec` output, unchanged: terminal true (no console socket: the
+    caller's stdio is used) and args ["sh"], which exits at once on an empty stdin."""
+    import subprocess
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    subprocess.run([tool, "spec"], cwd=bundle, check=True)
+    (bundle / "rootfs").symlink_to(rootfs_debian)
+    r = sandbox("run", bundle, "--root", tmp_path / "state", stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert all("warning" in line for line in r.stderr.splitlines())
