@@ -70,7 +70,7 @@ def critical_path(events: list[Event]) -> list[Event]:
 
 
 def table(events: list[Event]) -> str:
-    names = {e.pid: e.args.get("name", str(e.pid)) for e in events if e.ph == "M"}
+    names = process_names(events)
     rows = [("PROCESS", "PHASE", "START ms", "DUR ms", "")]
     crit = {id(e) for e in critical_path(events)}
     for e in sorted((e for e in events if e.ph == "X"), key=lambda e: e.ts):
@@ -87,37 +87,55 @@ def table(events: list[Event]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def process_names(events: list[Event]) -> dict[int, str]:
+    """Lane names: the supervisor, the gofer, and the gofer's child that became pid 1."""
+    names = {e.pid: str(e.args.get("name", e.pid)) for e in events if e.ph == "M"}
+    for e in events:
+        if e.ph == "X" and e.name == "fork pid 1":
+            names[e.pid] = "gofer (container pid 1)"
+    return names
+
+
 def svg(events: list[Event]) -> str:
+    """A timeline, one lane per process, nested spans one row down; the time axis ends just
+    after exec (longer spans are clipped and marked) so the start-up phases stay readable."""
     spans = [e for e in events if e.ph == "X"]
-    names = {e.pid: e.args.get("name", str(e.pid)) for e in events if e.ph == "M"}
+    names = process_names(events)
     pids = sorted({e.pid for e in spans}, key=lambda p: min(e.ts for e in spans if e.pid == p))
-    end = max((e.ts + (e.dur or 0) for e in spans), default=1.0) or 1.0
-    width, lane, left = 1000, 22, 150
-    scale = (width - left - 10) / end
-    rows: list[tuple[int, Event]] = []  # (row, event): nested spans go one row down
-    y = 30
+    execs = [e.ts for e in spans if e.name == "exec"]
+    end = (execs[0] * 1.08 if execs else max((e.ts + (e.dur or 0) for e in spans), default=1.0)) or 1.0
+    width, lane, left = 1100, 22, 190
+    scale = (width - left - 20) / end
+    rows: list[tuple[int, Event]] = []
+    y = 34
     out = []
     for pid in pids:
         mine = sorted((e for e in spans if e.pid == pid), key=lambda e: (e.ts, -(e.dur or 0)))
-        depth_of: list[Event] = []
-        base = y
-        out.append(f'<text x="5" y="{base + 15}" font-size="12">{names.get(pid, pid)}</text>')
-        max_depth = 0
+        seen: list[Event] = []
+        out.append(f'<text x="5" y="{y + 15}" font-size="12">{str(names.get(pid, pid)).removeprefix("sandbox ")}</text>')
+        depth_max = 0
         for e in mine:
-            depth = sum(1 for o in depth_of if o.ts <= e.ts < o.ts + (o.dur or 0))
-            depth_of.append(e)
-            max_depth = max(max_depth, depth)
-            rows.append((base + depth * lane, e))
-        y = base + (max_depth + 1) * lane + 10
-    colors = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1"]
+            depth = sum(1 for o in seen if o.ts <= e.ts < o.ts + (o.dur or 0))
+            seen.append(e)
+            depth_max = max(depth_max, depth)
+            rows.append((y + depth * lane, e))
+        y += (depth_max + 1) * lane + 12
+    colors = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1", "#9c755f"]
     for i, (row, e) in enumerate(rows):
-        x, w = left + e.ts * scale, max((e.dur or 0) * scale, 1.0)
-        title = f"{e.name}: {(e.dur or 0) / 1e3:.3f} ms"
+        if e.ts > end:
+            continue
+        x = left + e.ts * scale
+        full = (e.dur or 0) * scale
+        w = max(min(full, width - 20 - x), 1.5)
+        title = f"{e.name}: {(e.dur or 0) / 1e3:.3f} ms at {e.ts / 1e3:.3f} ms"
         out.append(f'<rect x="{x:.1f}" y="{row}" width="{w:.1f}" height="{lane - 4}" '
                    f'fill="{colors[i % len(colors)]}"><title>{title}</title></rect>')
-        if w > 40:
-            out.append(f'<text x="{x + 2:.1f}" y="{row + 13}" font-size="10" fill="white">{e.name}</text>')
-    out.append(f'<text x="{left}" y="18" font-size="11">0 ms</text>'
-               f'<text x="{width - 60}" y="18" font-size="11">{end / 1e3:.2f} ms</text>')
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 10}" '
+        label = e.name + (f" ({(e.dur or 0) / 1e3:.0f} ms, clipped)" if full > w + 1 else "")
+        if w > 7 * len(label):
+            out.append(f'<text x="{x + 3:.1f}" y="{row + 13}" font-size="10" fill="white">{label}</text>')
+    for ms in range(0, int(end / 1e3) + 1, max(1, int(end / 1e3 / 10))):
+        x = left + ms * 1e3 * scale
+        out.append(f'<line x1="{x:.1f}" y1="24" x2="{x:.1f}" y2="{y}" stroke="#ddd"/>'
+                   f'<text x="{x:.1f}" y="18" font-size="10" text-anchor="middle">{ms} ms</text>')
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 6}" '
             f'font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>' + "".join(out) + "</svg>\n")
