@@ -114,6 +114,8 @@ def run(sock: socket.socket, t_spawn: int) -> None:
         rootfs.make_devices(root, spec.linux.devices)
     with spans.span("gpu mounts") as s:
         s.args["requests"] = _gpu_requests(sock, root, spans)
+        s.args["overlays"] = len(root.overlays)
+        s.args["created"] = root.created
     with spans.span("pivot_root"):
         rootfs.pivot(root)
     with spans.span("masks"):

@@ -35,8 +35,6 @@ class Start(msgspec.Struct, frozen=True, tag_field="kind", tag="start"):
     rootfs: str  # host path of the root filesystem
     bundle: str
     trace: bool = False
-    gpu: bool = False  # GPU requests follow; otherwise End comes at once
-    hook: bool = False  # embedded in another runtime: mount into rootfs, no pivot_root, no exec
 
 
 class End(msgspec.Struct, frozen=True, tag_field="kind", tag="end"):

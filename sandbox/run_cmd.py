@@ -68,7 +68,7 @@ def main(args) -> int:
         from sandbox.supervisor import supervise
 
         spans.add("import supervisor", t)
-        return supervise(args, pid, ours, spans, error)
+        return supervise(args, pid, ours, spans, state, error)
     finally:
         state.remove()
         # never leave the gofer behind, whatever happened above

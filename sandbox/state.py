@@ -42,7 +42,12 @@ class StateDir:
             shutil.rmtree(self.dir, ignore_errors=True)
             os.mkdir(self.dir, 0o711)
         self.owned = True
-        self.write(State(self.id, pid, bundle, "running", time.time()))
+        self.bundle = bundle
+        self.write(State(self.id, pid, bundle, "creating", time.time()))
+
+    def running(self, pid: int) -> None:
+        """The container exec'd: record its pid (as the host sees it)."""
+        self.write(State(self.id, pid, self.bundle, "running", time.time()))
 
     def write(self, state: State) -> None:
         tmp = os.path.join(self.dir, "state.json.tmp")

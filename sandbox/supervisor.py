@@ -21,6 +21,7 @@ import anyio
 
 from gofer import protocol
 from mounts.errors import SandboxError
+from sandbox.state import StateDir
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -71,12 +72,15 @@ async def _forward_signals(pid: int) -> None:
                 return
 
 
-async def _supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans,
+async def _supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans, state: StateDir,
                      error: BaseException | None) -> int:
     spans.add("event loop start", spans.items[-1].end_ns if spans.items else time.monotonic_ns())
     async with anyio.create_task_group() as tg:
         tg.start_soon(_forward_signals, pid)
         replies = await _read_replies(sock)  # until EOF: the gofer exec'd or exited
+        for msg in replies:
+            if isinstance(msg, protocol.Ready):
+                state.running(msg.pid)
         status = await _wait_exit(pid)
         tg.cancel_scope.cancel()
     sock.close()
@@ -104,6 +108,7 @@ async def _supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans,
     return code
 
 
-def supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans, error: BaseException | None) -> int:
+def supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans, state: StateDir,
+              error: BaseException | None) -> int:
     """Step 3: wait for the gofer's replies and the container's exit under the event loop."""
-    return anyio.run(_supervise, args, pid, sock, spans, error, backend="trio")
+    return anyio.run(_supervise, args, pid, sock, spans, state, error, backend="trio")

@@ -180,3 +180,23 @@ def test_two_containers_at_once_and_id_in_use(make_bundle, driver_root, tmp_path
     assert (tmp_path / "state/one/state.json").exists()  # the refused run left a's state alone
     a.kill()
     a.wait()
+
+
+def test_state_records_the_running_container(make_bundle, tmp_path):
+    import json
+
+    p = sandbox_popen("run", make_bundle(["sh", "-c", "echo started; sleep 30"]), "--id", "st1",
+                      "--root", tmp_path / "state")
+    assert p.stdout.readline().strip() == "started"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        state = json.loads((tmp_path / "state/st1/state.json").read_text())
+        if state["status"] == "running":
+            break
+        time.sleep(0.02)
+    assert state["status"] == "running" and state["id"] == "st1"
+    with open(f"/proc/{state['pid']}/status") as f:  # the container's pid 1, as the host sees it
+        nspid = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
+    assert nspid == [str(state["pid"]), "1"]
+    p.kill()
+    p.wait()
