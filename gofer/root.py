@@ -266,36 +266,39 @@ class Root:
         return fd
 
     def ensure_node(self, unsafe_path: str, is_dir: bool = False) -> tuple[int, int, str, bool]:
-        """(parent fd, target fd, name, created) for a mount point at ``unsafe_path``: a new
-        empty file/dir in a writable parent, or an existing entry of the right type. A
-        symlink in the way is replaced (in the overlay), never followed."""
+        """(parent fd, target fd, name, created) for a mount point at ``unsafe_path``: an
+        existing entry of the right type (its directory left as it is), or a new empty
+        file/dir in a writable parent. A symlink in the way is replaced (in the overlay),
+        never followed."""
         head, _, name = unsafe_path.rstrip("/").rpartition("/")
         if not name or name in (".", ".."):
             raise MountError(unsafe_path, "not a valid mount point path")
-        parent = self.writable(self.ensure_dir(head or "/"), head or "/")
-        for _ in range(2):
-            try:  # the common case first: nothing there yet (one syscall, and the fd is the target)
-                if is_dir:
-                    os.mkdir(name, 0o755, dir_fd=parent)
-                    fd = os.open(name, O_PATH_DIR | os.O_NOFOLLOW, dir_fd=parent)
-                else:
-                    fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                 0o644, dir_fd=parent)
-                self.created += 1
-                return parent, fd, name, True
-            except FileExistsError:
-                pass
+        parent = self.ensure_dir(head or "/")
+        try:
             fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except FileNotFoundError:
+            fd = None
+        if fd is not None:
             mode = os.fstat(fd).st_mode
-            if stat.S_ISLNK(mode):
-                os.close(fd)
-                os.unlink(name, dir_fd=parent)
-                continue
-            if stat.S_ISDIR(mode) == is_dir:
+            if stat.S_ISDIR(mode) == is_dir and not stat.S_ISLNK(mode):
                 return parent, fd, name, False
             os.close(fd)
-            raise MountError(unsafe_path, f"exists and is {_kind(mode)}")
-        raise MountError(unsafe_path, "keeps being replaced while we create it")
+            if not stat.S_ISLNK(mode):
+                raise MountError(unsafe_path, f"exists and is {_kind(mode)}")
+        parent = self.writable(parent, head or "/")
+        if fd is not None:  # a link: replaced in the overlay, the image keeps it
+            os.unlink(name, dir_fd=parent)
+        try:
+            if is_dir:
+                os.mkdir(name, 0o755, dir_fd=parent)
+                fd = os.open(name, O_PATH_DIR | os.O_NOFOLLOW, dir_fd=parent)
+            else:  # the created fd is the mount target: no second lookup
+                fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o644, dir_fd=parent)
+        except FileExistsError:
+            raise MountError(unsafe_path, "appeared while we were creating it") from None
+        self.created += 1
+        return parent, fd, name, True
 
     # -- actions -----------------------------------------------------------------------
 

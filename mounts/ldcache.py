@@ -17,7 +17,7 @@ the writer sorts them exactly as ldconfig does: descending by ``libcmp``, then b
 
 from __future__ import annotations
 
-import functools
+import re
 import struct
 
 import msgspec
@@ -112,7 +112,8 @@ def read(path: str) -> list[Entry]:
 
 
 def libcmp(a: str, b: str) -> int:
-    """glibc's _dl_cache_libcmp: runs of digits compare as numbers, digits after non-digits."""
+    """glibc's _dl_cache_libcmp: runs of digits compare as numbers, digits after non-digits,
+    other bytes as x86's signed chars."""
     x, y = a.encode(), b.encode()
     i = j = 0
     while i < len(x):
@@ -132,24 +133,52 @@ def libcmp(a: str, b: str) -> int:
             i, j = m, n
         elif 48 <= cy <= 57:
             return -1
-        elif cx != cy:
-            return cx - cy
+        elif cx != cy:  # glibc compares (signed, on x86) chars
+            return (cx - 256 if cx > 127 else cx) - (cy - 256 if cy > 127 else cy)
         else:
             i += 1
             j += 1
-    return -(y[j] if j < len(y) else 0)
+    rest = y[j] if j < len(y) else 0
+    return -(rest - 256 if rest > 127 else rest)
 
 
-def _order(a: Entry, b: Entry) -> int:
-    res = libcmp(b.key, a.key)
-    if res == 0:
-        return (a.flags < b.flags) - (a.flags > b.flags)
-    return res
+_RUN = re.compile(rb"([0-9]+)|[^0-9]+")
+# Other bytes compare as glibc's (x86, signed) chars do: 0x80-0xff before ASCII. That maps
+# them onto 0x00-0xfe, DEL aside, leaving 0xff to mark a digit run.
+_SIGNED = bytes(b ^ 0x80 for b in range(256))
+
+
+def _run(m: re.Match) -> bytes:
+    if m.group(1) is None:
+        return m.group().translate(_SIGNED)
+    digits = m.group().lstrip(b"0")
+    return b"\xff" + bytes((len(digits),)) + digits
+
+
+def libcmp_key(name: str) -> bytes | None:
+    """A bytes key that orders names as libcmp does: a digit run becomes 0xff, its length and
+    its digits (so runs compare by value, and after any other byte); other bytes compare
+    signed. None for the names it cannot encode (with DEL, or over 255 bytes)."""
+    raw = name.encode()
+    if b"\x7f" in raw or len(raw) > 255:
+        return None
+    return _RUN.sub(_run, raw) + b"\x80"  # the NUL terminator: a signed 0 sorts above 0x80-0xff
+
+
+def _exact_key(name: str) -> tuple:
+    """The same order for any name, slower: digit runs (1, value), other bytes (0, signed)."""
+    return tuple((1, int(r)) if r[:1].isdigit() else (0, r[0] - 256 if r[0] > 127 else r[0])
+                 for r in re.findall(rb"[0-9]+|[^0-9]", name.encode())) + ((0, 0),)
 
 
 def sort_entries(entries: list[Entry]) -> list[Entry]:
-    """The order ldconfig writes and the loader's binary search expects."""
-    return sorted(entries, key=functools.cmp_to_key(_order))
+    """The order ldconfig writes and the loader's binary search expects: descending by
+    libcmp, then by flags (stable for full ties, as ldconfig's qsort of unique keys)."""
+    keys = [libcmp_key(e.key) for e in entries]
+    if None in keys:
+        keys = [_exact_key(e.key) for e in entries]
+    order = sorted(range(len(entries)), key=lambda i: (keys[i], entries[i].flags), reverse=True)
+    return [entries[i] for i in order]
 
 
 def build(entries: list[Entry]) -> bytes:

@@ -140,3 +140,15 @@ def test_fuzzed_caches_parse_or_fail_cleanly(data):
     except LdCacheError:
         return
     assert all(isinstance(e.key, str) for e in entries)
+
+
+NAMES = st.text(alphabet="lib.so-_x0123456789\x7f\xe9", max_size=12)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(NAMES, min_size=2, max_size=6))
+def test_sort_agrees_with_libcmp(names):
+    """Both sort keys (bytes, and the exact tuple when a DEL forces it) order as libcmp."""
+    ordered = ldcache.sort_entries([ldcache.Entry(n, "/x") for n in names])
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        assert ldcache.libcmp(a.key, b.key) >= 0
