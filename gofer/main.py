@@ -107,7 +107,7 @@ def run(sock: socket.socket, t_spawn: int) -> None:
     host_pid = spans.pid = _host_pid()
 
     with spans.span("rootfs"):
-        root = rootfs.prepare_root(spec, start.rootfs)
+        root = rootfs.prepare_root(spec, start.rootfs, start.overlay_root)
     with spans.span("spec mounts", count=len(spec.mounts)):
         rootfs.spec_mounts(root, spec, start.bundle)
     with spans.span("devices"):

@@ -35,6 +35,7 @@ class Start(msgspec.Struct, frozen=True, tag_field="kind", tag="start"):
     rootfs: str  # host path of the root filesystem
     bundle: str
     trace: bool = False
+    overlay_root: bool = False  # GPU files follow: give the whole root a private overlay first
 
 
 class End(msgspec.Struct, frozen=True, tag_field="kind", tag="end"):

@@ -86,16 +86,22 @@ def enter_namespaces(spec: Spec) -> int:
     return flags
 
 
-def prepare_root(spec: Spec, rootfs: str) -> Root:
+def prepare_root(spec: Spec, rootfs: str, overlay: bool = False) -> Root:
     """Make our copy of the mount tree private, then the rootfs a mount point of its own.
 
     Propagation first: nothing we mount may leak back to the host's namespace. The rootfs
     is bound onto itself because pivot_root needs a mount point, and so that its read-only
-    remount at the end touches only our copy."""
+    remount at the end touches only our copy. With ``overlay`` (a GPU container) the whole
+    root then gets one private overlay, before any other mount so nothing needs moving:
+    mount points and links for GPU files go to its tmpfs upper layer, and so do the
+    container's own writes (as with runsc's overlay root): the image is never modified."""
     prop = PROPAGATION.get(spec.linux.rootfs_propagation or "rprivate", sc.MS_PRIVATE | sc.MS_REC)
     sc.mount(None, "/", None, sc.MS_REC | (prop if prop & (sc.MS_PRIVATE | sc.MS_SLAVE) else sc.MS_PRIVATE))
     sc.mount(rootfs, rootfs, None, sc.MS_BIND | sc.MS_REC)
-    return Root(rootfs)
+    root = Root(rootfs)
+    if overlay:
+        root.writable(root.fd, "/")
+    return root
 
 
 def _cgroup(root: Root, m: Mount, flags: int) -> None:

@@ -20,7 +20,8 @@ def stream_plan(args, sock: socket.socket, spans: protocol.Spans) -> Bundle:
         request = gpu_request(bundle.spec, args.gpus, args.capabilities)
     for name in bundle.spec.unenforced():
         print(f"sandbox run: warning: {name} is set in config.json but not enforced", file=sys.stderr)
-    protocol.send(sock, protocol.Start(bundle.spec, bundle.rootfs, bundle.path, spans.enabled))
+    protocol.send(sock, protocol.Start(bundle.spec, bundle.rootfs, bundle.path, spans.enabled,
+                                       overlay_root=request is not None))
     if request is not None:
         from mounts.driver import discover
         from mounts.plan import iter_plan, layout_of

@@ -124,6 +124,8 @@ def _bench(n: int, driver: Path, work: Path) -> int:
         "sandbox run, no GPU": lambda i: timed(SANDBOX + ["run", str(plain), "--root", str(state)]),
         "runc run, no GPU": lambda i: timed(["runc", "--root", str(state / "runc"), "run", "--bundle",
                                              str(plain), f"b{i}"]),
+        "runc run, GPU bundle, no hook": lambda i: timed(["runc", "--root", str(state / "runc"), "run",
+                                                          "--bundle", str(gpu), f"g{i}"]),
         "runc run + sandbox hook, GPU": lambda i: timed(["runc", "--root", str(state / "runc"), "run",
                                                          "--bundle", str(hooked), f"h{i}"]),
         "runc run + no-op hook": lambda i: timed(["runc", "--root", str(state / "runc"), "run", "--bundle",
@@ -179,6 +181,7 @@ def _bench(n: int, driver: Path, work: Path) -> int:
     print(f"  GPU support adds to sandbox run, whole process       {med['sandbox run, GPU'] - med['sandbox run, no GPU']:7.2f} ms")
     print(f"  ... on the 1400-entry image                          "
           f"{med['sandbox run, GPU, 1400-entry image cache'] - med['sandbox run, no GPU, 1400-entry image cache']:7.2f} ms")
+    print(f"  sandbox hook adds to runc run (hook - no hook)       {med['runc run + sandbox hook, GPU'] - med['runc run, GPU bundle, no hook']:7.2f} ms")
     print(f"  sandbox hook adds to runc run (hook - no-op hook)    {med['runc run + sandbox hook, GPU'] - med['runc run + no-op hook']:7.2f} ms")
     print(f"  sandbox run, no GPU / runc run, no GPU               {med['sandbox run, no GPU'] / med['runc run, no GPU']:7.2f} x")
     mm, rm = statistics.median(mount_ms), statistics.median(raw_ms)
