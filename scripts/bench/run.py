@@ -57,29 +57,20 @@ def big_cache_rootfs(work: Path) -> Path:
 
 
 def raw_script(plan: dict, rootfs: Path) -> str:
-    """The plan's mounts as rawmounts.c lines: a tmpfs on /dev (the spec's), one overlay per
-    image directory that gains entries (the nearest existing one), then every bind."""
+    """The mounts `sandbox run` makes for the plan, as rawmounts.c lines: the root's private
+    overlay, a tmpfs on /dev (the spec's), the directories the targets need, every bind."""
     letters = {"ro": "r", "nosuid": "n", "nodev": "d", "noexec": "x"}
     root = os.path.realpath(rootfs)
-    lines, overlays, dirs = [f"T {root}/dev"], [], []
+    binds, dirs = [], set()
     for a in plan["actions"]:
         if a["kind"] not in ("library", "binary", "firmware", "device", "ipc"):
             continue
-        parent = os.path.dirname(a["target"])
-        if not parent.startswith("/dev"):
-            d = parent
-            while not os.path.isdir(root + d):
-                d = os.path.dirname(d)
-            real = os.path.realpath(root + d)
-            if real not in overlays:
-                overlays.append(real)
-        dirs.append(parent)
+        parent = os.path.realpath(root + os.path.dirname(a["target"]))
+        dirs.add(parent)
         flags = "".join(letters[f] for f in a["flags"]) or "-"
-        lines.append(f"B {a['source']} {os.path.realpath(root + parent)}/{os.path.basename(a['target'])} {flags}")
-    # overlays first, outermost first (the gofer re-attaches inner ones; here order avoids it)
-    mkdirs = sorted({os.path.realpath(root + d) for d in dirs} - {os.path.realpath(root + "/dev")})
-    pre = [f"O {d}" for d in sorted(overlays, key=len)]
-    return "\n".join(pre + lines[:1] + [f"D {d}" for d in mkdirs] + lines[1:]) + "\n"
+        binds.append(f"B {a['source']} {parent}/{os.path.basename(a['target'])} {flags}")
+    lines = [f"O {root}", f"T {root}/dev"] + [f"D {d}" for d in sorted(dirs)] + binds
+    return "\n".join(lines) + "\n"
 
 
 def main() -> int:
