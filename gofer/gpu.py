@@ -57,18 +57,25 @@ def apply(root: Root, action: A.AnyAction) -> None:
                 os.close(src)
 
 
+MAX_IMAGE_CACHE = 64 << 20  # an image's ld.so.cache larger than this is not read
+
+
 def write_ldcache(root: Root, action: A.LdCache) -> None:
-    """The image's cache (read through the root, never trusted: a malformed one counts as
-    empty, as glibc would ignore it) plus our entries, written by our own writer into the
-    private scratch tmpfs and bound read-only over /etc/ld.so.cache. Nothing from the image
-    runs, ldconfig least of all (CVE-2024-0136, CVE-2025-23267)."""
+    """The image's cache (read through the root, never trusted: a malformed or huge one
+    counts as empty, as glibc would ignore it) plus our entries, written by our own writer
+    into the private scratch tmpfs and bound read-only over /etc/ld.so.cache. Nothing from
+    the image runs, ldconfig least of all (CVE-2024-0136, CVE-2025-23267)."""
+    data = None
     try:
         fd = root.open(action.target, os.O_RDONLY)
         with os.fdopen(fd, "rb") as f:
-            base = ldcache.parse(f.read(), action.target)
+            image = f.read(MAX_IMAGE_CACHE + 1)
+        if len(image) <= MAX_IMAGE_CACHE:
+            data = ldcache.extend(image, list(action.entries), action.target)
     except (OSError, LdCacheError):
-        base = []
-    data = ldcache.build(ldcache.merge(base, list(action.entries)))
+        pass
+    if data is None:
+        data = ldcache.build(list(action.entries))
     s = root.scratch()
     fd = os.open("ld.so.cache", os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=s)
     with os.fdopen(fd, "wb") as f:

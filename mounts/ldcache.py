@@ -70,25 +70,12 @@ def _cstr(data: bytes, offset: int, path: str) -> str:
 
 def parse(data: bytes, path: str = "ld.so.cache") -> list[Entry]:
     """Entries of a cache image, in file order. Raises LdCacheError on any malformation."""
-    base = 0
-    if data.startswith(OLD_MAGIC):
-        if len(data) < 16:
-            raise LdCacheError(f"{path}: truncated old-format header")
+    base = _new_header(data, path)
+    if base is None:
         (nold,) = struct.unpack_from("<I", data, 12)
-        old_end = 16 + nold * _OLD_ENTRY.size
-        if old_end > len(data):
-            raise LdCacheError(f"{path}: {nold} old-format entries do not fit in {len(data)} bytes")
-        base = (old_end + 7) & ~7
-        if not data.startswith(NEW_MAGIC, base):
-            return _parse_old(data, nold, old_end, path)
-    if not data.startswith(NEW_MAGIC, base):
-        raise LdCacheError(f"{path}: not an ld.so.cache (bad magic)")
-    if len(data) < base + _HEADER.size:
-        raise LdCacheError(f"{path}: truncated header")
+        return _parse_old(data, nold, 16 + nold * _OLD_ENTRY.size, path)
     _magic, nlibs, _len_strings, _flags, _ext = _HEADER.unpack_from(data, base)
     first = base + _HEADER.size
-    if first + nlibs * _ENTRY.size > len(data):
-        raise LdCacheError(f"{path}: {nlibs} entries do not fit in {len(data)} bytes")
     entries = []
     for flags, key, value, _osv, hwcap in _ENTRY.iter_unpack(data[first:first + nlibs * _ENTRY.size]):
         entries.append(Entry(_cstr(data, base + key, path), _cstr(data, base + value, path), flags, hwcap))
@@ -155,11 +142,11 @@ def _run(m: re.Match) -> bytes:
     return b"\xff" + bytes((len(digits),)) + digits
 
 
-def libcmp_key(name: str) -> bytes | None:
+def libcmp_key(name: str | bytes) -> bytes | None:
     """A bytes key that orders names as libcmp does: a digit run becomes 0xff, its length and
     its digits (so runs compare by value, and after any other byte); other bytes compare
     signed. None for the names it cannot encode (with DEL, or over 255 bytes)."""
-    raw = name.encode()
+    raw = name.encode() if isinstance(name, str) else name
     if b"\x7f" in raw or len(raw) > 255:
         return None
     return _RUN.sub(_run, raw) + b"\x80"  # the NUL terminator: a signed 0 sorts above 0x80-0xff
@@ -204,3 +191,99 @@ def merge(base: list[Entry], added: list[Entry]) -> list[Entry]:
     """The image's own entries plus ours; ours replace any image entry with the same key and flags."""
     ours = {(e.key, e.flags) for e in added}
     return [e for e in base if (e.key, e.flags) not in ours and not e.hwcap & HWCAP_EXTENSION] + added
+
+
+def extend(data: bytes, added: list[Entry], path: str = "ld.so.cache") -> bytes:
+    """The image's cache ``data`` plus ``added`` (replacing entries of the same key and flags),
+    as a new cache image, without parsing or re-sorting the image's entries.
+
+    The image's entries are taken to be in ldconfig's order, as every ldconfig writes them
+    and the loader's binary search needs: ours are placed by binary search (O(m log n) name
+    comparisons instead of O(n) keys for a full sort) and the image's string table is reused
+    as it is, after checking that every offset points inside it. Were the image's order
+    wrong, the loader would miss our names as it already misses its own, and fall back to its
+    default paths. Raises LdCacheError for a malformed image (the caller then starts afresh);
+    an old-format-only cache, or a name libcmp_key cannot encode, takes the slow exact path."""
+    base = _new_header(data, path)
+    if base is None:
+        return build(merge(parse(data, path), added))
+    _magic, nlibs, len_strings, _flags, _ext = _HEADER.unpack_from(data, base)
+    first = base + _HEADER.size
+    table = first + nlibs * _ENTRY.size
+    end = table + len_strings
+    if end > len(data) or (len_strings and data[end - 1] != 0):
+        raise LdCacheError(f"{path}: the string table ({len_strings} bytes) does not end inside the file")
+    lo_off, hi_off = table - base, end - base
+    rows = [r for r in _ENTRY.iter_unpack(data[first:table]) if not r[4] & HWCAP_EXTENSION]
+    if not all(lo_off <= r[1] < hi_off and lo_off <= r[2] < hi_off for r in rows):
+        raise LdCacheError(f"{path}: an entry points outside the string table")
+
+    def name(r) -> bytes:
+        return data[base + r[1]:data.index(b"\0", base + r[1])]
+
+    keys: dict[int, bytes | None] = {}  # by key offset: computed only where the search looks
+
+    def key(i: int):
+        r = items[i]
+        if isinstance(r, Entry):
+            return libcmp_key(r.key), r.flags
+        if r[1] not in keys:
+            keys[r[1]] = libcmp_key(name(r))
+        return keys[r[1]], r[0]
+
+    items: list = rows
+    for e in sort_entries(list(added)):
+        want = (libcmp_key(e.key), e.flags)
+        lo, hi = 0, len(items)
+        while lo < hi:  # first item not greater than ours, in descending order
+            mid = (lo + hi) // 2
+            k = key(mid)
+            if k[0] is None or want[0] is None:
+                return build(merge(parse(data, path), added))
+            if k > want:
+                lo = mid + 1
+            else:
+                hi = mid
+        while lo < len(items) and key(lo) == want:  # same name and flags: ours replaces it
+            del items[lo]
+        items.insert(lo, e)
+
+    strings = bytearray()
+    head = _HEADER.size + len(items) * _ENTRY.size
+    ours_at = head + len_strings
+    packed = []
+    for r in items:
+        if isinstance(r, Entry):
+            k = ours_at + len(strings)
+            strings += r.key.encode() + b"\0"
+            v = ours_at + len(strings)
+            strings += r.value.encode() + b"\0"
+            packed.append(_ENTRY.pack(r.flags, k, v, 0, 0))
+        else:
+            packed.append(_ENTRY.pack(r[0], head + r[1] - lo_off, head + r[2] - lo_off, r[3], r[4]))
+    header = _HEADER.pack(NEW_MAGIC, len(items), len_strings + len(strings), ENDIAN_LITTLE, 0)
+    return header + b"".join(packed) + data[table:end] + bytes(strings)
+
+
+def _new_header(data: bytes, path: str) -> int | None:
+    """Offset of the new-format header (after an old-format block if any), None if the
+    cache has only the old format."""
+    base = 0
+    if data.startswith(OLD_MAGIC):
+        if len(data) < 16:
+            raise LdCacheError(f"{path}: truncated old-format header")
+        (nold,) = struct.unpack_from("<I", data, 12)
+        old_end = 16 + nold * _OLD_ENTRY.size
+        if old_end > len(data):
+            raise LdCacheError(f"{path}: {nold} old-format entries do not fit in {len(data)} bytes")
+        base = (old_end + 7) & ~7
+        if not data.startswith(NEW_MAGIC, base):
+            return None
+    if not data.startswith(NEW_MAGIC, base):
+        raise LdCacheError(f"{path}: not an ld.so.cache (bad magic)")
+    if len(data) < base + _HEADER.size:
+        raise LdCacheError(f"{path}: truncated header")
+    _magic, nlibs, _len, _flags, _ext = _HEADER.unpack_from(data, base)
+    if base + _HEADER.size + nlibs * _ENTRY.size > len(data):
+        raise LdCacheError(f"{path}: {nlibs} entries do not fit in {len(data)} bytes")
+    return base

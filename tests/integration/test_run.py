@@ -200,3 +200,28 @@ def test_state_records_the_running_container(make_bundle, tmp_path):
     assert nspid == [str(state["pid"]), "1"]
     p.kill()
     p.wait()
+
+
+@pytest.mark.parametrize("style", ["debian", "lib64"])
+def test_container_ld_so_cache_is_the_image_s_plus_ours(style, make_bundle, driver_root, tmp_path,
+                                                       rootfs_debian, rootfs_lib64):
+    """The cache the container sees, read with glibc's own ldconfig -p: every entry of the
+    image's cache, plus the driver's libraries at the container's paths."""
+    import subprocess
+    import sys
+
+    from tests.mounts.test_ldcache import ldconfig_p
+
+    rootfs = rootfs_debian if style == "debian" else rootfs_lib64
+    bundle = make_bundle(["cat", "/etc/ld.so.cache"], ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=rootfs)
+    r = subprocess.run([sys.executable, "-m", "sandbox.cli", "run", str(bundle), "--driver-root", str(driver_root),
+                        "--root", str(tmp_path / "state")], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "cache").write_bytes(r.stdout)
+    seen = ldconfig_p(tmp_path / "cache")
+    image = ldconfig_p(rootfs / "etc/ld.so.cache")
+    libdir = "/usr/lib/x86_64-linux-gnu" if style == "debian" else "/usr/lib64"
+    assert set(image) <= set(seen)
+    assert ("libcuda.so.1", True, f"{libdir}/libcuda.so.1") in seen
+    assert ("libnvidia-ml.so.1", True, f"{libdir}/libnvidia-ml.so.1") in seen
+    assert len(seen) == len(image) + 9  # 8 libraries and libcuda.so

@@ -152,3 +152,44 @@ def test_sort_agrees_with_libcmp(names):
     ordered = ldcache.sort_entries([ldcache.Entry(n, "/x") for n in names])
     for a, b in zip(ordered, ordered[1:], strict=False):
         assert ldcache.libcmp(a.key, b.key) >= 0
+
+
+def triples(entries):
+    return [(e.key, e.value, e.flags) for e in entries]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(NAMES, st.sampled_from([ldcache.FLAGS_X86_64, ldcache.FLAGS_I386])), max_size=12),
+       st.lists(st.tuples(NAMES, st.sampled_from([ldcache.FLAGS_X86_64, ldcache.FLAGS_I386])), max_size=5))
+def test_extend_equals_a_full_merge(base, added):
+    """The fast path (binary search into the image's sorted entries, its string table reused)
+    gives exactly what parsing, merging, sorting and building everything gives."""
+    base_entries = list({(k, f): ldcache.Entry(k, f"/img/{k}", f) for k, f in base}.values())
+    ours = list({(k, f): ldcache.Entry(k, f"/ours/{k}", f) for k, f in added}.values())
+    image = ldcache.build(base_entries)
+    fast = ldcache.parse(ldcache.extend(image, ours))
+    slow = ldcache.parse(ldcache.build(ldcache.merge(ldcache.parse(image), ours)))
+    assert triples(fast) == triples(slow)
+
+
+def test_extend_real_caches_matches_ldconfig(tmp_path, driver_root):
+    """The host's cache extended with the driver's entries: ldconfig lists exactly both, in order."""
+    ours = [ldcache.Entry(e.key, "/usr/lib/x86_64-linux-gnu/" + e.key, e.flags)
+            for e in ldcache.read(str(driver_root / "etc/ld.so.cache"))]
+    host = ldcache.read("/etc/ld.so.cache")
+    out = tmp_path / "ld.so.cache"
+    out.write_bytes(ldcache.extend((open("/etc/ld.so.cache", "rb").read()), ours))
+    got = ldconfig_p(out)
+    expected = {(e.key, e.is_64bit, e.value) for e in ldcache.merge(host, ours)}
+    assert sorted(got) == sorted(expected) and ours_order_ok(got)
+
+
+def ours_order_ok(rows):
+    return all(ldcache.libcmp(a[0], b[0]) >= 0 for a, b in zip(rows, rows[1:], strict=False))
+
+
+def test_extend_rejects_offsets_outside_the_table(driver_root):
+    data = bytearray((driver_root / "etc/ld.so.cache").read_bytes())
+    data[48 + 4:48 + 8] = (10**6).to_bytes(4, "little")
+    with pytest.raises(LdCacheError, match="outside the string table"):
+        ldcache.extend(bytes(data), [ldcache.Entry("libx.so.1", "/x")])
