@@ -81,11 +81,14 @@ def _wait_pid1(child: int) -> None:
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
-def run(sock: socket.socket, t_spawn: int) -> None:
+def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     """The whole sequence; raises on any failure (the caller reports it and exits)."""
     prctl.set_name("sandbox-gofer")
-    # PDEATHSIG first: if the supervisor dies from here on, we die with it.
+    # PDEATHSIG first: if the supervisor dies from here on, we die with it; if it died
+    # before (we were reparented), stop now.
     prctl.set_pdeathsig(signal.SIGKILL)
+    if os.getppid() != parent:
+        raise GoferError("the supervisor exited before the gofer started")
     start = _expect_start(sock)
     spans = protocol.Spans(start.trace, os.getpid())
     spans.add("gofer:start", t_spawn)
@@ -149,11 +152,11 @@ def _host_pid() -> int:
     return os.getpid()
 
 
-def serve(sock: socket.socket, t_spawn: int) -> None:
-    """Entry point in the forked child: never returns."""
+def serve(sock: socket.socket, t_spawn: int, parent: int) -> None:
+    """Entry point in the forked child of ``parent`` (the supervisor): never returns."""
     code = 1
     try:
-        run(sock, t_spawn)
+        run(sock, t_spawn, parent)
     except BaseException as e:  # report every failure as one line, then exit
         if _traceback is not None:
             _traceback.print_exc()

@@ -29,12 +29,13 @@ def main(args) -> int:
     bundle_path = os.path.abspath(args.bundle)
     state = StateDir(args.root, args.id or os.path.basename(bundle_path))
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    me = os.getpid()
     pid = os.fork()
     if pid == 0:
         ours.close()
         from gofer.main import serve
 
-        serve(theirs, t0)  # never returns
+        serve(theirs, t0, me)  # never returns
     theirs.close()
 
     # Until the event loop takes over, forward signals with plain handlers.
