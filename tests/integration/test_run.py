@@ -225,3 +225,19 @@ def test_container_ld_so_cache_is_the_image_s_plus_ours(style, make_bundle, driv
     assert ("libcuda.so.1", True, f"{libdir}/libcuda.so.1") in seen
     assert ("libnvidia-ml.so.1", True, f"{libdir}/libnvidia-ml.so.1") in seen
     assert len(seen) == len(image) + 9  # 8 libraries and libcuda.so
+
+
+def test_gke_style_linux_devices(make_bundle, driver_root, tmp_path, host_unchanged):
+    """linux.devices names /dev/nvidiactl and one GPU: those nodes, checked against the driver,
+    and no libraries (they come as the bundle's own mounts)."""
+    import fixtures
+
+    spec = fixtures.default_spec(["true"])
+    devices = [{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "fileMode": 438},
+               {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1, "fileMode": 438}]
+    bundle = make_bundle(["sh", "-c", "ls -l /dev/nvidia*; ls /usr/lib/x86_64-linux-gnu"],
+                         linux={**spec["linux"], "devices": devices})
+    r = run(bundle, driver_root, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"195,\s+255 .* /dev/nvidiactl", r.stdout) and re.search(r"195,\s+1 .* /dev/nvidia1", r.stdout)
+    assert "/dev/nvidia0" not in r.stdout and "libcuda" not in r.stdout
