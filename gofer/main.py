@@ -17,6 +17,7 @@ import prctl
 from gofer import gpu, process, protocol, rootfs
 from gofer import syscalls as sc
 from gofer.root import Root
+from gofer.spans import Spans
 from mounts import actions as A
 
 # After pivot_root nothing can be imported (the container has no Python): import up front.
@@ -38,7 +39,7 @@ _GROUP = {"symlink": "libraries", "library": "libraries", "device": "devices", "
           "firmware": "firmware", "ipc": "ipc", "procfs": "procfs", "ldcache": "ld.so.cache"}
 
 
-def _gpu_requests(sock: socket.socket, root: Root, spans: protocol.Spans) -> int:
+def _gpu_requests(sock: socket.socket, root: Root, spans: Spans) -> int:
     """Apply requests as they arrive until End; one span per run of the same group.
     The time spent waiting for the next frame is part of the span (it shows streaming)."""
     n = count = 0
@@ -90,7 +91,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     if os.getppid() != parent:
         raise GoferError("the supervisor exited before the gofer started")
     start = _expect_start(sock)
-    spans = protocol.Spans(start.trace, os.getpid())
+    spans = Spans(start.trace, os.getpid())
     spans.add("gofer:start", t_spawn)
     spec = start.spec
 

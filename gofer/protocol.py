@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 
 import msgspec
 
+from gofer.spans import Span
 from mounts.actions import Binary, Device, Firmware, Ipc, LdCache, Library, ProcFs, Symlink
 from mounts.spec import Spec
 
@@ -40,14 +40,6 @@ class Start(msgspec.Struct, frozen=True, tag_field="kind", tag="start"):
 
 class End(msgspec.Struct, frozen=True, tag_field="kind", tag="end"):
     pass
-
-
-class Span(msgspec.Struct, frozen=True, array_like=True):
-    name: str
-    start_ns: int  # CLOCK_MONOTONIC
-    end_ns: int
-    pid: int
-    args: dict[str, str | int] = {}
 
 
 class Ready(msgspec.Struct, frozen=True, tag_field="kind", tag="ready"):
@@ -117,34 +109,3 @@ def recv_request(sock: socket.socket):
 def recv_reply(sock: socket.socket):
     """The next frame from the gofer, or None at EOF (the gofer exec'd or died)."""
     return _recv(sock, _from_gofer)
-
-
-class Spans:
-    """Records spans on CLOCK_MONOTONIC; costs one branch when tracing is off."""
-
-    def __init__(self, enabled: bool, pid: int = 0):
-        self.enabled = enabled
-        self.pid = pid
-        self.items: list[Span] = []
-
-    def add(self, name: str, start_ns: int, end_ns: int | None = None, **args) -> None:
-        if self.enabled:
-            self.items.append(Span(name, start_ns, end_ns or time.monotonic_ns(), self.pid, args))
-
-    def span(self, name: str, **args):
-        return _SpanCtx(self, name, args)
-
-
-class _SpanCtx:
-    __slots__ = ("rec", "name", "args", "t0")
-
-    def __init__(self, rec: Spans, name: str, args: dict):
-        self.rec, self.name, self.args = rec, name, args
-
-    def __enter__(self):
-        self.t0 = time.monotonic_ns()
-        return self
-
-    def __exit__(self, *exc):
-        self.rec.add(self.name, self.t0, **self.args)
-        return False

@@ -24,6 +24,7 @@ import msgspec
 from mounts.errors import BundleError, SandboxError
 
 HOOK_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+ENTRY = "import sys; from sandbox.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 class ContainerState(msgspec.Struct):
@@ -44,7 +45,7 @@ def main(args) -> int:
 
 def run_hook(args) -> int:
     os.chdir("/")  # never work from inside the container's rootfs
-    from gofer.protocol import Spans
+    from gofer.spans import Spans
     from mounts.spec import load_bundle
     from sandbox.api import apply_plan, plan_bundle, request_for
 
@@ -83,8 +84,9 @@ def install(args) -> int:
         raise BundleError(f"{config}: invalid JSON: {e}") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("hooks", {}), dict):
         raise BundleError(f"{config}: hooks must be an object")
-    # argv[0] must be the venv's own path: Python finds its prefix (the venv) from it
-    hook_args = [sys.executable, "-I", "-m", "sandbox.cli", "hook", "--driver-root", os.path.abspath(args.driver_root)]
+    # argv[0] must be the venv's own path: Python finds its prefix (the venv) from it. -I: no
+    # PYTHON* variables, no user site, no cwd on sys.path; -c rather than -m skips runpy (~5 ms).
+    hook_args = [sys.executable, "-I", "-c", ENTRY, "hook", "--driver-root", os.path.abspath(args.driver_root)]
     if args.capabilities:
         hook_args += ["--capabilities", args.capabilities]
     if args.trace:
@@ -92,7 +94,7 @@ def install(args) -> int:
     entry = {"path": sys.executable, "args": hook_args, "env": HOOK_ENV}
     hooks = spec.setdefault("hooks", {})
     for stage in ("prestart", "createRuntime"):
-        hooks[stage] = [h for h in hooks.get(stage, []) if h.get("args", [])[2:5] != ["-m", "sandbox.cli", "hook"]]
+        hooks[stage] = [h for h in hooks.get(stage, []) if h.get("args", [])[2:5] != ["-c", ENTRY, "hook"]]
         if not hooks[stage]:
             del hooks[stage]
     hooks.setdefault(args.stage, []).append(entry)

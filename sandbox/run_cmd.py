@@ -15,9 +15,10 @@ import signal
 import socket
 import time
 
-# Both processes need msgspec, the spec and the protocol (~30 ms of imports): load them once,
+# Both processes need msgspec, the spec and the protocol (~20 ms of imports): load them once,
 # before the fork, so the child inherits them instead of importing them again.
-from gofer.protocol import Spans
+from gofer import protocol  # noqa: F401
+from gofer.spans import Spans
 from mounts.errors import SandboxError
 from sandbox.state import StateDir
 

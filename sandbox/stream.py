@@ -9,10 +9,11 @@ import sys
 import time
 
 from gofer import protocol
+from gofer.spans import Spans
 from mounts.spec import Bundle, load_bundle
 
 
-def stream_plan(args, sock: socket.socket, spans: protocol.Spans) -> Bundle:
+def stream_plan(args, sock: socket.socket, spans: Spans) -> Bundle:
     with spans.span("bundle parse"):
         bundle = load_bundle(args.bundle)
         from mounts.request import gpu_request

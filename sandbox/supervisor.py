@@ -20,6 +20,7 @@ import time
 import anyio
 
 from gofer import protocol
+from gofer.spans import Spans
 from mounts.errors import SandboxError
 from sandbox.state import StateDir
 
@@ -72,7 +73,7 @@ async def _forward_signals(pid: int) -> None:
                 return
 
 
-async def _supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans, state: StateDir,
+async def _supervise(args, pid: int, sock: socket.socket, spans: Spans, state: StateDir,
                      error: BaseException | None) -> int:
     spans.add("event loop start", spans.items[-1].end_ns if spans.items else time.monotonic_ns())
     async with anyio.create_task_group() as tg:
@@ -108,7 +109,7 @@ async def _supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans,
     return code
 
 
-def supervise(args, pid: int, sock: socket.socket, spans: protocol.Spans, state: StateDir,
+def supervise(args, pid: int, sock: socket.socket, spans: Spans, state: StateDir,
               error: BaseException | None) -> int:
     """Step 3: wait for the gofer's replies and the container's exit under the event loop."""
     return anyio.run(_supervise, args, pid, sock, spans, state, error, backend="trio")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from gofer.protocol import Span
+from gofer.spans import Span
 
 
 class Event(msgspec.Struct, omit_defaults=True):

@@ -3,6 +3,7 @@ import socket
 import pytest
 
 from gofer import protocol
+from gofer.spans import Spans
 from mounts import actions as A
 
 
@@ -46,7 +47,7 @@ def test_truncated_frame():
 
 
 def test_spans_off_records_nothing():
-    s = protocol.Spans(False)
+    s = Spans(False)
     with s.span("x"):
         pass
     assert s.items == []

@@ -71,7 +71,9 @@ def test_install_is_idempotent_and_keeps_other_hooks(make_bundle, driver_root):
     hooks = json.loads(config.read_text())["hooks"]
     assert "createRuntime" not in hooks
     assert [h["path"] for h in hooks["prestart"]] == ["/bin/true", hooks["prestart"][1]["path"]]
-    assert hooks["prestart"][1]["args"][1:5] == ["-I", "-m", "sandbox.cli", "hook"]
+    from sandbox.hook_cmd import ENTRY
+
+    assert hooks["prestart"][1]["args"][1:4] == ["-I", "-c", ENTRY] and hooks["prestart"][1]["args"][4] == "hook"
 
 
 def test_no_gpu_bundle_touches_nothing(make_bundle, driver_root, tmp_path):
@@ -155,7 +157,7 @@ def test_runc_wrapper_for_containerd_and_docker(make_bundle, driver_root, tmp_pa
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        env=env, timeout=60)
     assert r.returncode == 0
-    assert "-m" in json.loads((bundle / "config.json").read_text())["hooks"]["createRuntime"][0]["args"]
+    assert "hook" in json.loads((bundle / "config.json").read_text())["hooks"]["createRuntime"][0]["args"]
     subprocess.run(["runc", "--root", state, "delete", "--force", "w1"], check=True)
     r = subprocess.run([wrapper, "--root", state, "run", "--bundle", str(bundle), "w2"],
                        capture_output=True, text=True, env=env, timeout=60)
