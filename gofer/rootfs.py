@@ -4,6 +4,7 @@ pivot_root, masked and read-only paths. Each step's comment says why it comes wh
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -82,7 +83,12 @@ def enter_namespaces(spec: Spec) -> int:
             sc.setns(fd, sc.NAMESPACES[nstype], what=f"{nstype} namespace {path}")
         finally:
             os.close(fd)
-    sc.unshare(flags)
+    try:
+        sc.unshare(flags)
+    except OSError as e:
+        names = ", ".join(n for n, bit in sc.NAMESPACES.items() if flags & bit)
+        hint = " (sandbox run needs root)" if e.errno == errno.EPERM else ""
+        raise MountError("linux.namespaces", f"cannot create the {names} namespaces: {e.strerror}{hint}") from None
     return flags
 
 

@@ -32,6 +32,13 @@ class StateDir:
         self.owned = False
 
     def create(self, pid: int, bundle: str) -> None:
+        try:
+            self._create(pid, bundle)
+        except OSError as e:
+            raise SandboxError(f"--root {os.path.dirname(self.dir)}: cannot create the state directory "
+                               f"{self.dir}: {e.strerror}") from None
+
+    def _create(self, pid: int, bundle: str) -> None:
         os.makedirs(os.path.dirname(self.dir), mode=0o711, exist_ok=True)
         try:
             os.mkdir(self.dir, 0o711)

@@ -241,3 +241,11 @@ def test_gke_style_linux_devices(make_bundle, driver_root, tmp_path, host_unchan
     assert r.returncode == 0, r.stderr
     assert re.search(r"195,\s+255 .* /dev/nvidiactl", r.stdout) and re.search(r"195,\s+1 .* /dev/nvidia1", r.stdout)
     assert "/dev/nvidia0" not in r.stdout and "libcuda" not in r.stdout
+
+
+def test_state_root_error_is_one_line(make_bundle, tmp_path):
+    (tmp_path / "file").write_text("not a directory\n")
+    r = sandbox("run", make_bundle(["true"]), "--root", tmp_path / "file" / "state")
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"sandbox run: --root {tmp_path}/file/state: cannot create the state directory")
