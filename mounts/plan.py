@@ -109,12 +109,14 @@ def _find_gpu(entry: str, gpus: list[Gpu], by_minor: bool) -> Gpu | None:
     return None
 
 
+def library_caps(caps: frozenset[str]) -> frozenset[str]:
+    """The capabilities whose libraries (and links) come along: video needs the compute
+    libraries, display the graphics ones."""
+    return caps | ({"compute"} if "video" in caps else set()) | ({"graphics"} if "display" in caps else set())
+
+
 def _selected_libs(inventory: Inventory, caps: frozenset[str]) -> list[DriverLib]:
-    prefixes = tuple(p for cap in caps for p in LIBRARIES.get(cap, ()))
-    if "video" in caps:  # video needs the compute libraries too
-        prefixes += LIBRARIES["compute"]
-    if "display" in caps:
-        prefixes += LIBRARIES["graphics"]
+    prefixes = tuple(p for cap in library_caps(caps) for p in LIBRARIES.get(cap, ()))
     picked: dict[str, DriverLib] = {}
     for lib in inventory.libraries:
         is64 = bool(lib.flags & FLAG_REQUIRED_MASK)
@@ -178,7 +180,7 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout) -> Iter
     for cap, link, to in EXTRA_LINKS:
         to = to.format(version=inventory.version)
         flags = made.get(f"{layout.lib64}/{to}")
-        if cap in caps and flags is not None:
+        if cap in library_caps(caps) and flags is not None:
             yield A.Symlink(to, f"{layout.lib64}/{link}")
             entries.append(Entry(link, f"{layout.lib64}/{link}", flags))
 

@@ -136,3 +136,36 @@ def test_synthetic_closure_walks_the_whole_chain(n, make_bundle):
     assert len(by_kind(plan, "library")) == n
     assert len(by_kind(plan, "device")) == 2 + 2 + 1  # ctl, uvm, uvm-tools, two GPUs
     assert isinstance(plan.actions[-1], A.LdCache) and len(plan.actions[-1].entries) == n + 1
+
+
+@pytest.mark.parametrize("caps,libs,devices,links", [
+    ("video", COMPUTE_UTILITY_LIBS - {"libnvidia-ml", "libnvidia-cfg"}
+     | {"libnvidia-encode", "libnvcuvid", "libnvidia-opticalflow"},
+     {"/dev/nvidia-uvm"}, {"libnvidia-opticalflow.so", "libcuda.so"}),
+    ("display", GRAPHICS_LIBS, {"/dev/nvidia-modeset"}, {"libGLX_indirect.so.0"}),
+    ("ngx", {"libnvidia-ngx"}, set(), set()),
+    ("utility", {"libnvidia-ml", "libnvidia-cfg"}, set(), set()),
+])
+def test_capabilities(caps, libs, devices, links, make_bundle, inventory, driver_version):
+    """Each capability brings REFERENCE.md's libraries (closure included) and nodes."""
+    plan = plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_DRIVER_CAPABILITIES={caps}"])
+    assert stems(plan, driver_version) == libs
+    got = {a.target for a in by_kind(plan, "device")}
+    assert devices <= got and {"/dev/nvidiactl", "/dev/nvidia0"} <= got
+    assert links <= {os.path.basename(a.target) for a in by_kind(plan, "symlink")}
+    if caps == "utility":
+        assert "/dev/nvidia-uvm" not in got and "/dev/nvidia-modeset" not in got
+
+
+def test_mps_pipe_dir_only_if_present(tmp_path, make_bundle):
+    import subprocess
+
+    import fixtures
+
+    root = tmp_path / "driver"
+    subprocess.run(["cp", "-a", str(fixtures.synthetic_driver(10)), str(root)], check=True)
+    inv = discover(str(root))
+    assert by_kind(plan_for(make_bundle, inv, ["NVIDIA_VISIBLE_DEVICES=none"]), "ipc") == []
+    (root / "tmp/nvidia-mps").mkdir(parents=True)
+    ipc = by_kind(plan_for(make_bundle, discover(str(root)), ["NVIDIA_VISIBLE_DEVICES=none"]), "ipc")
+    assert [(a.target, a.flags) for a in ipc] == [("/tmp/nvidia-mps", ("nosuid", "nodev", "noexec"))]
