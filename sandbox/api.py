@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterable
 
 from mounts.actions import Action, Device
+from mounts.errors import SandboxError
 from mounts.plan import Plan, compute_plan, layout_of
 from mounts.request import GpuRequest, gpu_request, parse_capabilities
 from mounts.spec import Bundle, load_bundle
@@ -57,6 +58,15 @@ def apply_plan(actions: Iterable[Action], rootfs: str, pid: int | None = None) -
 
     actions = list(actions)
     if pid is not None:
+        # A container's init lives in a mount namespace of its own; a pid in ours would have
+        # us mount straight into the host's tree (a wrong or stale pid in the state JSON).
+        try:
+            theirs, ours = os.stat(f"/proc/{pid}/ns/mnt").st_ino, os.stat("/proc/self/ns/mnt").st_ino
+        except OSError as e:
+            raise SandboxError(f"pid {pid}: cannot see its mount namespace: {e.strerror}") from None
+        if theirs == ours:
+            raise SandboxError(f"pid {pid} shares our mount namespace: it is not a container's init; "
+                               "refusing to mount into the host's tree")
         # the container's devices cgroup (host side) first, then its mount namespace
         allow_devices(pid, [(a.major, a.minor) for a in actions if isinstance(a, Device)])
         fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -163,3 +164,15 @@ def test_runc_wrapper_for_containerd_and_docker(make_bundle, driver_root, tmp_pa
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     check_gpu_output(r.stdout + r.stderr)
+
+
+def test_hook_refuses_a_pid_in_its_own_mount_namespace(make_bundle, driver_root):
+    """A state whose pid shares the hook's mount namespace (a wrong or stale pid) must not
+    make it mount into the host's tree."""
+    bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all"])
+    state = json.dumps({"ociVersion": "1.0.2", "id": "x", "pid": os.getpid(), "bundle": str(bundle)})
+    before = mount_table()
+    r = subprocess.run([sys.executable, "-m", "sandbox.cli", "hook", "--driver-root", str(driver_root)],
+                       input=state, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "shares our mount namespace" in r.stderr
+    assert mount_table() == before
