@@ -57,6 +57,7 @@ class DriverLib(msgspec.Struct, frozen=True):
 
 class Inventory(msgspec.Struct, frozen=True):
     root: str
+    dev_root: str  # where the kernel module's dev/ and proc/ are read (often the same root)
     version: str
     cuda_version: str | None
     gpus: list[Gpu]
@@ -85,8 +86,8 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _version(root: str, cache: list[ldcache.Entry]) -> str:
-    text = _read(os.path.join(root, "proc/driver/nvidia/version"))
+def _version(root: str, dev_root: str, cache: list[ldcache.Entry]) -> str:
+    text = _read(os.path.join(dev_root, "proc/driver/nvidia/version"))
     if text:
         m = _VERSION_RE.search(text)
         if m:
@@ -195,11 +196,16 @@ def _firmware(root: str, version: str) -> list[str]:
     return [f"{rel}/{n}" for n in sorted(os.listdir(host)) if n.startswith("gsp") and n.endswith(".bin")]
 
 
-def discover(root: str = "/") -> Inventory:
-    """Everything the plan needs to know about the driver under ``root``."""
+def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
+    """Everything the plan needs to know about the driver under ``root``. The kernel side
+    (``dev/`` nodes, ``proc/devices``, ``proc/driver/nvidia``) is read under ``dev_root``,
+    by default the same root; a driver container mounted at /run/nvidia/driver keeps its
+    user-space files there while the nodes and /proc stay the host's (``dev_root="/"``)."""
     root = os.path.abspath(root)
-    if not os.path.isdir(root):
-        raise DriverError(f"{root}: driver root is not a directory")
+    dev_root = os.path.abspath(dev_root) if dev_root else root
+    for path, what in ((root, "driver root"), (dev_root, "device root")):
+        if not os.path.isdir(path):
+            raise DriverError(f"{path}: {what} is not a directory")
     cache_path = resolve_in_root(root, "etc/ld.so.cache")
     if cache_path is None:
         raise DriverError(f"{root}: no etc/ld.so.cache under the driver root")
@@ -207,15 +213,16 @@ def discover(root: str = "/") -> Inventory:
         cache = ldcache.read(cache_path)
     except LdCacheError as e:
         raise DriverError(str(e)) from None
-    version = _version(root, cache)
-    gpus = _gpus(root)
-    majors = _majors(root)
+    version = _version(root, dev_root, cache)
+    gpus = _gpus(dev_root)
+    majors = _majors(dev_root)
     return Inventory(
         root=root,
+        dev_root=dev_root,
         version=version,
         cuda_version=cuda_version(version),
         gpus=gpus,
-        devices=_devices(root, gpus, majors),
+        devices=_devices(dev_root, gpus, majors),
         libraries=_libraries(root, cache, version),
         bin_dirs=list(BIN_DIRS),
         firmware=_firmware(root, version),

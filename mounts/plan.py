@@ -18,7 +18,7 @@ from mounts.driver import DriverLib, Gpu, Inventory
 from mounts.elf import read_elf
 from mounts.errors import RequestError
 from mounts.ldcache import FLAG_REQUIRED_MASK, Entry
-from mounts.paths import exists_in_root
+from mounts.paths import exists_in_root, resolve_in_root
 from mounts.request import GpuRequest, brand_of, check_requirements
 
 # Library name prefixes per capability (matched against ld.so.cache keys).
@@ -82,7 +82,7 @@ def select_gpus(request: GpuRequest, inventory: Inventory) -> list[Gpu]:
         gpu = _find_gpu(entry, inventory.gpus, by_minor=request.source == "linux.devices")
         if gpu is None:
             raise RequestError(f"{request.source}: unknown device {entry!r} "
-                               f"({len(inventory.gpus)} GPUs under {inventory.root})")
+                               f"({len(inventory.gpus)} GPUs under {inventory.dev_root})")
         if gpu not in chosen:
             chosen.append(gpu)
     return chosen
@@ -161,7 +161,7 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout) -> Iter
         node = inventory.devices.get(name)
         if node is None:
             if name == "nvidiactl" or name.startswith("nvidia") and name[6:].isdigit():
-                raise RequestError(f"{inventory.root}/dev/{name}: device node missing")
+                raise RequestError(f"{inventory.dev_root}/dev/{name}: device node missing")
             continue
         yield A.Device(node.source, node.path, A.RO_DEV, node.major, node.minor)
 
@@ -201,7 +201,7 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout) -> Iter
             if host is not None:
                 yield A.Ipc(host, path, A.IPC)
 
-    procdir = inventory.host("proc/driver/nvidia")
+    procdir = resolve_in_root(inventory.dev_root, "proc/driver/nvidia")
     if procdir is not None and os.path.isdir(procdir):
         yield A.ProcFs(procdir, "/proc/driver/nvidia", ("nosuid", "nodev", "noexec"),
                        tuple(g.busid for g in gpus))

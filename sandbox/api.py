@@ -34,7 +34,8 @@ def request_for(bundle: Bundle, gpus: str | None = None, capabilities: str | Non
 
 
 def plan_bundle(bundle: str | Bundle, driver_root: str = "/", gpus: str | None = None,
-                capabilities: str | None = None, max_capabilities: str | None = None) -> Plan:
+                capabilities: str | None = None, max_capabilities: str | None = None,
+                dev_root: str | None = None) -> Plan:
     """The mount plan for ``bundle`` against the driver under ``driver_root``. A bundle that
     asks for no GPU gets an empty plan (and the driver root is not even looked at)."""
     from mounts.driver import discover
@@ -42,7 +43,7 @@ def plan_bundle(bundle: str | Bundle, driver_root: str = "/", gpus: str | None =
     if isinstance(bundle, str):
         bundle = load_bundle(bundle)
     request = request_for(bundle, gpus, capabilities, max_capabilities)
-    inventory = discover(driver_root) if request is not None else None
+    inventory = discover(driver_root, dev_root) if request is not None else None
     return compute_plan(request, inventory, layout_of(bundle.rootfs))
 
 

@@ -16,6 +16,7 @@ VERBS = {
 
 def _gpu_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--driver-root", default="/", help="where the driver is installed (default /)")
+    p.add_argument("--dev-root", help="where the kernel module's dev/ and proc/ are (default: the driver root)")
     p.add_argument("--gpus", help="override NVIDIA_VISIBLE_DEVICES (all, none, indices, UUIDs, bus ids)")
     p.add_argument("--capabilities", help="override NVIDIA_DRIVER_CAPABILITIES")
 
@@ -44,6 +45,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("action", nargs="?", choices=["install"], help="install: add the hook to a bundle")
     p.add_argument("bundle", nargs="?", help="(install) the bundle whose config.json gets the hook")
     p.add_argument("--driver-root", default="/", help="where the driver is installed (default /)")
+    p.add_argument("--dev-root", help="where the kernel module's dev/ and proc/ are (default: the driver root)")
     p.add_argument("--capabilities", help="capabilities allowed at most (default: any)")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace-event JSON of the hook")
     p.add_argument("--stage", choices=["prestart", "createRuntime"], default="createRuntime",

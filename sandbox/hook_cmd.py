@@ -60,7 +60,7 @@ def run_hook(args) -> int:
         return 0  # no GPU asked for: touch nothing
     spans.add("state + bundle", t)
     with spans.span("plan"):
-        plan = plan_bundle(bundle, args.driver_root, max_capabilities=args.capabilities)
+        plan = plan_bundle(bundle, args.driver_root, max_capabilities=args.capabilities, dev_root=args.dev_root)
     with spans.span("mounts", actions=len(plan.actions)):
         apply_plan(plan.actions, bundle.rootfs, pid=state.pid)
     if args.trace:
@@ -87,6 +87,8 @@ def install(args) -> int:
     # argv[0] must be the venv's own path: Python finds its prefix (the venv) from it. -I: no
     # PYTHON* variables, no user site, no cwd on sys.path; -c rather than -m skips runpy (~5 ms).
     hook_args = [sys.executable, "-I", "-c", ENTRY, "hook", "--driver-root", os.path.abspath(args.driver_root)]
+    if args.dev_root:
+        hook_args += ["--dev-root", os.path.abspath(args.dev_root)]
     if args.capabilities:
         hook_args += ["--capabilities", args.capabilities]
     if args.trace:

@@ -10,7 +10,7 @@ from sandbox.api import plan_bundle
 
 
 def main(args) -> int:
-    plan = plan_bundle(args.bundle, args.driver_root, args.gpus, args.capabilities)
+    plan = plan_bundle(args.bundle, args.driver_root, args.gpus, args.capabilities, dev_root=args.dev_root)
     out = sys.stdout
     if args.json:
         out.write(msgspec.json.encode(plan).decode() + "\n")

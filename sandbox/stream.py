@@ -28,7 +28,7 @@ def stream_plan(args, sock: socket.socket, spans: Spans) -> Bundle:
         from mounts.plan import iter_plan, layout_of
 
         with spans.span("discovery"):
-            inventory = discover(args.driver_root)
+            inventory = discover(args.driver_root, args.dev_root)
             layout = layout_of(bundle.rootfs)
         t = time.monotonic_ns()
         n = 0

@@ -169,3 +169,21 @@ def test_mps_pipe_dir_only_if_present(tmp_path, make_bundle):
     (root / "tmp/nvidia-mps").mkdir(parents=True)
     ipc = by_kind(plan_for(make_bundle, discover(str(root)), ["NVIDIA_VISIBLE_DEVICES=none"]), "ipc")
     assert [(a.target, a.flags) for a in ipc] == [("/tmp/nvidia-mps", ("nosuid", "nodev", "noexec"))]
+
+
+def test_driver_container_layout(tmp_path, make_bundle, driver_root, driver_version):
+    """GPU Operator style: the user-space files under one root (a driver container mounted at
+    /run/nvidia/driver), the kernel's dev/ and proc/ under another (--dev-root)."""
+    import subprocess
+
+    user = tmp_path / "driver"
+    user.mkdir()
+    for d in ("etc", "usr", "lib"):  # hard links: the same files, no 400 MB copy
+        subprocess.run(["cp", "-al", str(driver_root / d), str(user / d)], check=True)
+    inv = discover(str(user), str(driver_root))
+    plan = plan_for(make_bundle, inv, ["NVIDIA_VISIBLE_DEVICES=all"])
+    assert inv.version == driver_version and len(plan.gpus) == 2
+    assert all(a.source.startswith(str(user)) for a in by_kind(plan, "library"))
+    assert all(a.source.startswith(f"{driver_root}/dev/") for a in by_kind(plan, "device"))
+    with pytest.raises(RequestError, match=f"{user}/dev/nvidiactl: device node missing"):
+        plan_for(make_bundle, discover(str(user)), ["NVIDIA_VISIBLE_DEVICES=all"])
