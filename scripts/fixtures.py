@@ -30,8 +30,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SANDBOX_CACHE", REPO / ".cache"))
-DRIVER_VERSION = "535.261.03"
-DEB_VERSION = DRIVER_VERSION + "-1"
+# The version the tests were written against; if Debian's archive no longer carries it (a
+# point release replaced it), the newest 535 build there is used instead.
+PREFERRED_DEB = "535.261.03-1"
 ARCH_DIR = "usr/lib/x86_64-linux-gnu"
 NV_DIR = ARCH_DIR + "/nvidia/current"
 
@@ -100,16 +101,30 @@ def apt_options() -> list[str]:
     ]
 
 
+def _deb_version(opts: list[str]) -> str:
+    """PREFERRED_DEB if the archive still has it, else its newest 535 build of libcuda1."""
+    out = subprocess.run(["apt-cache", *opts, "madison", "libcuda1"], capture_output=True, text=True).stdout
+    versions = [line.split("|")[1].strip() for line in out.splitlines() if line.count("|") >= 2]
+    if PREFERRED_DEB in versions:
+        return PREFERRED_DEB
+    newest = [v for v in versions if v.startswith("535.")]
+    if not newest:
+        raise SystemExit(f"no NVIDIA 535 packages (libcuda1) in Debian's archive: {versions}")
+    return newest[0]  # madison lists the newest first
+
+
 def download_debs() -> Path:
     debs = CACHE / "debs"
     if (debs / ".complete").exists():
         return debs
-    debs.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(debs, ignore_errors=True)
+    debs.mkdir(parents=True)
     opts = apt_options()
     run("apt-get", *opts, "update")
-    wanted = [f"{p}={DEB_VERSION}" for p in DRIVER_DEBS] + OTHER_DEBS
+    version = _deb_version(opts)
+    wanted = [f"{p}={version}" for p in DRIVER_DEBS] + OTHER_DEBS
     run("apt-get", *opts, "download", *wanted, cwd=debs)
-    (debs / ".complete").touch()
+    (debs / ".complete").write_text(version + "\n")
     return debs
 
 
@@ -117,10 +132,11 @@ def download_debs() -> Path:
 
 
 def driver_535() -> Path:
-    root = CACHE / f"driver-{DRIVER_VERSION}"
+    root = CACHE / "driver-535"
     if _done(root):
         return root
     debs = download_debs()
+    version = (debs / ".complete").read_text().strip().split("-")[0]  # 535.261.03-1 -> 535.261.03
     tmp = _fresh(root)
     for deb in sorted(debs.glob("*.deb")):
         run("dpkg", "-x", deb, tmp)
@@ -133,8 +149,14 @@ def driver_535() -> Path:
     (conf / "x86_64-linux-gnu.conf").write_text(f"/{ARCH_DIR}\n")
     (conf / "nvidia.conf").write_text(f"/{NV_DIR}\n")
     run("ldconfig", "-r", tmp)
-    _fake_kernel_side(tmp, DRIVER_VERSION, GPUS)
+    _fake_kernel_side(tmp, version, GPUS)
+    (tmp / ".version").write_text(version + "\n")
     return _finish(tmp, root)
+
+
+def driver_version(root: Path) -> str:
+    """The version of the driver packages a driver_535() root was built from."""
+    return (root / ".version").read_text().strip()
 
 
 def _fake_kernel_side(root: Path, version: str, gpus) -> None:

@@ -39,7 +39,7 @@ def driver_root() -> Path:
 
 @pytest.fixture(scope="session")
 def driver_version(driver_root) -> str:
-    return fixtures.DRIVER_VERSION
+    return fixtures.driver_version(driver_root)
 
 
 @pytest.fixture(scope="session")

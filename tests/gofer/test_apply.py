@@ -88,7 +88,7 @@ def test_failed_apply_detaches_everything(make_bundle, tmp_path, rootfs_debian, 
 
 @pytest.mark.parametrize("openat2", [True, False], ids=["openat2", "walk"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_hostile_rootfs_both_resolvers(case, openat2, tmp_path, rootfs_debian, driver_root, make_bundle):
+def test_hostile_rootfs_both_resolvers(case, openat2, tmp_path, rootfs_debian, driver_root, driver_version, make_bundle):
     """The hostile images again, through the API, with openat2 and with the O_PATH walk:
     every mount made lies inside the rootfs; the host dir and the image are unchanged."""
     host = tmp_path / "host"
@@ -97,7 +97,7 @@ def test_hostile_rootfs_both_resolvers(case, openat2, tmp_path, rootfs_debian, d
     root = tmp_path / "rootfs"
     shutil.copytree(rootfs_debian, root, symlinks=True)
     for path, target in CASES[case]:
-        _break(root, path, target.format(host=host))
+        _break(root, path.format(version=driver_version), target.format(host=host))
     bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=root)
     before = (tree(host), tree(root), mount_table())
     out = apply_in_child(bundle, root, driver_root, openat2=openat2)

@@ -125,7 +125,7 @@ def test_hostile_env_has_no_effect(make_bundle, driver_root, tmp_path):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_hostile_rootfs_through_the_hook(case, tmp_path, rootfs_debian, driver_root, make_bundle):
+def test_hostile_rootfs_through_the_hook(case, tmp_path, rootfs_debian, driver_root, driver_version, make_bundle):
     host = tmp_path / "host"
     host.mkdir()
     (host / "host-secret").write_text("secret of the host\n")
@@ -133,7 +133,7 @@ def test_hostile_rootfs_through_the_hook(case, tmp_path, rootfs_debian, driver_r
     shutil.copytree(rootfs_debian, root, symlinks=True)
     shutil.copy2(rootfs_debian / "usr/bin/busybox", root / "sh")
     for path, target in CASES[case]:
-        _break(root, path, target.format(host=host))
+        _break(root, path.format(version=driver_version), target.format(host=host))
     bundle = make_bundle(["/sh", "-c", "cat /usr/lib/x86_64-linux-gnu/host-secret; true"],
                          ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=root)
     install(bundle, driver_root)

@@ -47,7 +47,7 @@ CASES = {
     "etc-to-host-dir": [("etc", "{host}")],
     "usrbin-to-host-dir": [("usr/bin", "../../../../../../..{host}")],
     "dev-to-host-dev": [("dev", "/dev")],
-    "libnames-to-host-files": [(f"{LIB}/libcuda.so.535.261.03", "{host}/libcuda.so.1"),
+    "libnames-to-host-files": [(f"{LIB}/libcuda.so.{{version}}", "{host}/libcuda.so.1"),
                                (f"{LIB}/libcuda.so.1", "{host}/libcuda.so.1"),
                                (f"{LIB}/libnvidia-ml.so.1", "/etc/passwd"),
                                ("etc/ld.so.cache", "{host}/host-secret")],
@@ -56,13 +56,13 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_hostile_rootfs(case, tmp_path, host_dir, rootfs_debian, driver_root, make_bundle):
+def test_hostile_rootfs(case, tmp_path, host_dir, rootfs_debian, driver_root, driver_version, make_bundle):
     root = tmp_path / "rootfs"
     shutil.copytree(rootfs_debian, root, symlinks=True)
     (root / "usr/bin/sh").unlink()
     shutil.copy2(rootfs_debian / "usr/bin/busybox", root / "sh")  # a shell that survives usr/bin games
     for path, target in CASES[case]:
-        _break(root, path, target.format(host=host_dir))
+        _break(root, path.format(version=driver_version), target.format(host=host_dir))
     bundle = make_bundle(["/sh", "-c", SCRIPT], ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=root)
     watched = {"/": os.listdir("/"), "/etc": sorted(os.listdir("/etc")), "/dev": sorted(os.listdir("/dev"))}
     before = (mount_table(), tree(host_dir), tree(root), os.stat("/etc/passwd").st_mtime_ns)
