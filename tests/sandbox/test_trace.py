@@ -1,0 +1,32 @@
+from gofer.spans import Span
+from sandbox.trace import Event, critical_path, read_trace, svg, table, top_level, write_trace
+
+
+def ms(x):
+    return int(x * 1e6)
+
+
+def test_round_trip_table_and_critical_path(tmp_path):
+    sup, gof, pid1 = 100, 200, 300
+    spans = [
+        Span("imports", ms(0), ms(1), sup), Span("closure + stream", ms(2), ms(3), sup),
+        Span("event loop start", ms(3), ms(90), sup),
+        Span("gofer:start", ms(0), ms(5), gof), Span("unshare", ms(5), ms(6), gof),
+        Span("fork pid 1", ms(6), ms(7), pid1), Span("gpu mounts", ms(7), ms(9), pid1),
+        Span("gpu libraries", ms(7), ms(8), pid1, {"count": 16}), Span("exec", ms(10), ms(10), pid1),
+    ]
+    path = tmp_path / "t.json"
+    write_trace(str(path), spans)
+    events = read_trace(str(path))
+    assert {e.name for e in top_level(events)} == {s.name for s in spans} - {"gpu libraries"}
+    # exec waited on the gofer's chain, not on the supervisor's event loop import
+    assert [e.name for e in critical_path(events)] == ["gofer:start", "unshare", "fork pid 1", "gpu mounts", "exec"]
+    out = table(events)
+    assert "gofer (container pid 1)" in out and "count=16" in out
+    assert out.strip().endswith("gofer:start -> unshare -> fork pid 1 -> gpu mounts -> exec")
+    picture = svg(events)
+    assert picture.startswith("<svg") and "clipped" in picture  # event loop start runs past exec
+
+
+def test_empty_trace():
+    assert critical_path([]) == [] and "PROCESS" in table([Event("process_name", "M", 1)])
