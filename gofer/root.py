@@ -9,7 +9,9 @@ onto the resolved fd (move_mount), never onto a path string.
 The image itself is never modified. A directory of the image that must gain an entry (a mount
 point, a link) first gets a private overlay whose upper layer lives on a detached tmpfs: the
 new entries exist only in this mount namespace and vanish with it, even if the gofer is killed
-halfway. Directories on the spec's own tmpfs mounts (/dev) are written directly.
+halfway. `sandbox run` overlays the whole root this way before any other mount; embedded in
+another runtime, each such directory gets its own, and the mounts already below it are moved
+on top. Directories on the spec's own tmpfs mounts (/dev) are written directly.
 """
 
 from __future__ import annotations
