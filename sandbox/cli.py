@@ -53,8 +53,29 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+HOOK_OPTIONS = ("--driver-root", "--dev-root", "--capabilities", "--trace")
+
+
+def hook_args(argv: list[str]):
+    """The hook's command line as `hook install` writes it, read without argparse: argparse
+    (and the shutil, gettext, lzma it pulls in) is ~11 ms of every container start under a
+    runtime. Anything else returns None and goes through the full parser."""
+    import types
+
+    if not argv or argv[0] != "hook" or len(argv) % 2 == 0:
+        return None
+    opts = dict(zip(argv[1::2], argv[2::2], strict=True))
+    if not set(opts) <= set(HOOK_OPTIONS):
+        return None
+    return types.SimpleNamespace(verb="hook", action=None, bundle=None, stage=None,
+                                 **{o[2:].replace("-", "_"): opts.get(o) for o in HOOK_OPTIONS})
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = hook_args(argv) or parser().parse_args(argv)
+    if args.verb == "hook" and args.driver_root is None:
+        args.driver_root = "/"
     from mounts.errors import SandboxError
 
     try:

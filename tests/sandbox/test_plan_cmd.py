@@ -60,3 +60,13 @@ def test_bad_env_value_exit_2(make_bundle, driver_root):
     b = make_bundle(env=["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=warp"])
     r = sandbox("plan", b, "--driver-root", driver_root)
     assert r.returncode == 2 and "unknown capability 'warp'" in r.stderr
+
+
+def test_hook_command_line_without_argparse():
+    from sandbox.cli import hook_args, parser
+
+    argv = ["hook", "--driver-root", "/d", "--trace", "/t.json"]
+    fast, full = hook_args(argv), parser().parse_args(argv)
+    assert {k: getattr(fast, k) for k in ("verb", "action", "driver_root", "dev_root", "capabilities", "trace")} == \
+           {k: getattr(full, k) for k in ("verb", "action", "driver_root", "dev_root", "capabilities", "trace")}
+    assert hook_args(["hook", "install", "/b"]) is None and hook_args(["hook", "--bogus", "x"]) is None
