@@ -73,6 +73,12 @@ def hook_args(argv: list[str]):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    gofer = None
+    if argv[:1] == ["run"]:
+        # Fork the gofer before anything is imported or parsed (see sandbox/run_cmd.py).
+        from sandbox.run_cmd import spawn_gofer
+
+        gofer = spawn_gofer()
     args = hook_args(argv) or parser().parse_args(argv)
     if args.verb == "hook" and args.driver_root is None:
         args.driver_root = "/"
@@ -87,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             from sandbox import trace_cmd as verb
         else:
             from sandbox import hook_cmd as verb
-        return verb.main(args)
+        return verb.main(args, gofer) if gofer is not None else verb.main(args)
     except SandboxError as e:
         print(f"sandbox {args.verb}: {e}", file=sys.stderr)
         return e.exit_code

@@ -1,11 +1,11 @@
 """``sandbox run BUNDLE``: fork the gofer first, stream it the plan, then supervise it.
 
-The gofer is forked right after the imports both sides share: the child starts building
-the root (its own imports, unshare, spec mounts) while the parent parses the bundle and
-resolves the GPU closure; only then does the parent import the event loop (anyio on trio,
-~100 ms) to wait, which overlaps with the container's own start. The process is
-single-threaded at the fork and the child runs plain Python (no locks held), so forking
-here is safe.
+The gofer is forked before anything else is imported, even before the command line is
+parsed (cli.main calls spawn_gofer for ``run``): the child imports what it needs and starts
+building the root (unshare, spec mounts) while the parent parses the bundle and resolves the
+GPU closure; only then does the parent import the event loop (anyio on trio, ~100 ms) to
+wait, which overlaps with the container's own start. The process is single-threaded at the
+fork and the child runs plain Python (no locks held, no exec), so forking here is safe.
 """
 
 from __future__ import annotations
@@ -14,21 +14,20 @@ import os
 import signal
 import socket
 import time
-
-# Both processes need msgspec, the spec and the protocol (~20 ms of imports): load them once,
-# before the fork, so the child inherits them instead of importing them again.
-from gofer import protocol  # noqa: F401
-from gofer.spans import Spans
-from mounts.errors import SandboxError
-from sandbox.state import StateDir
+from typing import NamedTuple
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def main(args) -> int:
+class Gofer(NamedTuple):
+    pid: int
+    sock: socket.socket  # our end of the socketpair
+    t0: int  # CLOCK_MONOTONIC at the fork: the trace's origin
+
+
+def spawn_gofer() -> Gofer:
+    """Fork the gofer; in the child this never returns."""
     t0 = time.monotonic_ns()
-    bundle_path = os.path.abspath(args.bundle)
-    state = StateDir(args.root, args.id or os.path.basename(bundle_path))
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     me = os.getpid()
     pid = os.fork()
@@ -38,6 +37,16 @@ def main(args) -> int:
 
         serve(theirs, t0, me)  # never returns
     theirs.close()
+    return Gofer(pid, ours, t0)
+
+
+def main(args, gofer: Gofer | None = None) -> int:
+    from gofer.spans import Spans
+    from mounts.errors import SandboxError
+    from sandbox.state import StateDir
+
+    pid, ours, t0 = gofer or spawn_gofer()
+    bundle_path = os.path.abspath(args.bundle)
 
     # Until the event loop takes over, forward signals with plain handlers.
     def forward(signum, _frame):
@@ -48,10 +57,12 @@ def main(args) -> int:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
+    state = None
     try:
         spans = Spans(bool(args.trace), os.getpid())
-        spans.add("imports", t0)
+        spans.add("imports + argv", t0)
         error = None
+        state = StateDir(args.root, args.id or os.path.basename(bundle_path))
         try:
             state.create(pid, bundle_path)
         except (SandboxError, OSError) as e:
@@ -72,7 +83,8 @@ def main(args) -> int:
         spans.add("import supervisor", t)
         return supervise(args, pid, ours, spans, state, error)
     finally:
-        state.remove()
+        if state is not None:
+            state.remove()
         # never leave the gofer behind, whatever happened above
         try:
             os.kill(pid, signal.SIGKILL)

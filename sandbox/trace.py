@@ -21,6 +21,7 @@ class Event(msgspec.Struct, omit_defaults=True):
 class Trace(msgspec.Struct):
     traceEvents: list[Event]  # noqa: N815 - the format's own field name
     displayTimeUnit: str = "ms"  # noqa: N815
+    otherData: dict[str, int] = {}  # noqa: N815 - origin_monotonic_ns: CLOCK_MONOTONIC at ts 0
 
 
 def write_trace(path: str, spans: list[Span]) -> None:
@@ -32,7 +33,7 @@ def write_trace(path: str, spans: list[Span]) -> None:
     events += [Event(s.name, "X", s.pid, 0, (s.start_ns - origin) / 1e3, (s.end_ns - s.start_ns) / 1e3, s.args)
                for s in spans]
     with open(path, "wb") as f:
-        f.write(msgspec.json.encode(Trace(events)))
+        f.write(msgspec.json.encode(Trace(events, otherData={"origin_monotonic_ns": origin})))
 
 
 def read_trace(path: str) -> list[Event]:
