@@ -102,6 +102,9 @@ async def _supervise(args, pid: int, sock: socket.socket, spans: Spans, state: S
     if error is not None:
         raise error
     code = exit_code(status)
+    if failure is None and not any(isinstance(m, protocol.Ready) for m in replies):
+        how = f"was killed by signal {code - 128}" if code > 128 else f"exited with status {code}"
+        failure = f"the gofer {how} before the container started"
     if failure is not None:
         err = GoferFailed(failure)
         err.exit_code = code or 1  # 127 when exec failed
