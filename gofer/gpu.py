@@ -67,11 +67,13 @@ def write_ldcache(root: Root, action: A.LdCache) -> None:
     the image runs, ldconfig least of all (CVE-2024-0136, CVE-2025-23267)."""
     data = None
     try:
-        fd = root.open(action.target, os.O_RDONLY)
+        # O_NONBLOCK: a FIFO planted as /etc/ld.so.cache must not hang us at open
+        fd = root.open(action.target, os.O_RDONLY | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as f:
-            image = f.read(MAX_IMAGE_CACHE + 1)
-        if len(image) <= MAX_IMAGE_CACHE:
-            data = ldcache.extend(image, list(action.entries), action.target)
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                image = f.read(MAX_IMAGE_CACHE + 1)
+                if len(image) <= MAX_IMAGE_CACHE:
+                    data = ldcache.extend(image, list(action.entries), action.target)
     except (OSError, LdCacheError):
         pass
     if data is None:

@@ -82,3 +82,17 @@ def test_hostile_rootfs(case, tmp_path, host_dir, rootfs_debian, driver_root, dr
     assert "secret of the host" not in r.stdout
     listing = r.stdout.split()
     assert "work" not in listing and "host-secret" not in listing
+
+
+def test_fifo_as_ld_so_cache_does_not_hang(tmp_path, rootfs_debian, driver_root, make_bundle):
+    """An image whose /etc/ld.so.cache is a FIFO: the gofer must not block opening it; the
+    container gets a cache of the driver's entries alone and starts."""
+    root = tmp_path / "rootfs"
+    shutil.copytree(rootfs_debian, root, symlinks=True)
+    (root / "etc/ld.so.cache").unlink()
+    os.mkfifo(root / "etc/ld.so.cache")
+    bundle = make_bundle(["cudacheck"], ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=root)
+    before = tree(root)
+    r = sandbox("run", bundle, "--driver-root", driver_root, "--root", tmp_path / "state", timeout=30)
+    assert r.returncode == 0 and "cuInit found" in r.stdout, r.stderr
+    assert tree(root) == before
