@@ -117,11 +117,11 @@ def library_caps(caps: frozenset[str]) -> frozenset[str]:
 
 def _selected_libs(inventory: Inventory, caps: frozenset[str]) -> list[DriverLib]:
     prefixes = tuple(p for cap in library_caps(caps) for p in LIBRARIES.get(cap, ()))
-    picked: dict[str, DriverLib] = {}
+    picked: dict[tuple[str, int], DriverLib] = {}
     for lib in inventory.libraries:
         is64 = bool(lib.flags & FLAG_REQUIRED_MASK)
-        if (is64 or "compat32" in caps) and lib.key.startswith(prefixes) and lib.path not in picked:
-            picked[lib.path] = lib
+        if (is64 or "compat32" in caps) and lib.key.startswith(prefixes):
+            picked.setdefault((lib.path, lib.flags), lib)
     return list(picked.values())
 
 
@@ -130,15 +130,15 @@ def _closure(inventory: Inventory, roots: list[DriverLib]) -> Iterator[tuple[Dri
     breadth first. System libraries (libc, libX11 ...) are left to the image."""
     by_key = {(lib.key, lib.flags): lib for lib in inventory.libraries}
     queue = list(roots)
-    seen = {lib.path for lib in roots}
+    seen = {(lib.path, lib.flags) for lib in roots}
     while queue:
         lib = queue.pop(0)
         info = read_elf(lib.path)
         yield lib, info.soname
         for name in info.needed:
             dep = by_key.get((name, lib.flags))
-            if dep is not None and dep.path not in seen:
-                seen.add(dep.path)
+            if dep is not None and (dep.path, dep.flags) not in seen:
+                seen.add((dep.path, dep.flags))
                 queue.append(dep)
 
 

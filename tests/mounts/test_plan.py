@@ -187,3 +187,24 @@ def test_driver_container_layout(tmp_path, make_bundle, driver_root, driver_vers
     assert all(a.source.startswith(f"{driver_root}/dev/") for a in by_kind(plan, "device"))
     with pytest.raises(RequestError, match=f"{user}/dev/nvidiactl: device node missing"):
         plan_for(make_bundle, discover(str(user)), ["NVIDIA_VISIBLE_DEVICES=all"])
+
+
+def test_compat32_takes_the_32_bit_entries(make_bundle, inventory, driver_version):
+    """compat32 selects the cache's 32-bit entries into the 32-bit lib dir; without it they
+    stay out. (Debian ships no i386 build of the 535 driver here, so the 32-bit entry is
+    made up: the 64-bit libcuda under i386 flags.)"""
+    import msgspec
+
+    from mounts.driver import DriverLib
+    from mounts.ldcache import FLAGS_I386
+
+    cuda = next(lib for lib in inventory.libraries if lib.key == "libcuda.so.1")
+    lib32 = DriverLib("libcuda.so.1", cuda.path, cuda.name, FLAGS_I386)
+    inv = msgspec.structs.replace(inventory, libraries=inventory.libraries + [lib32])
+    with32 = plan_for(make_bundle, inv, ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,compat32"])
+    targets = {a.target for a in by_kind(with32, "library")}
+    assert f"/usr/lib/i386-linux-gnu/libcuda.so.{driver_version}" in targets
+    (cache,) = by_kind(with32, "ldcache")
+    assert any(e.flags == FLAGS_I386 and e.value == "/usr/lib/i386-linux-gnu/libcuda.so.1" for e in cache.entries)
+    without = plan_for(make_bundle, inv, ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute"])
+    assert not any(a.target.startswith("/usr/lib/i386-linux-gnu/") for a in by_kind(without, "library"))
