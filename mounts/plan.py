@@ -214,6 +214,7 @@ def compute_plan(request: GpuRequest | None, inventory: Inventory | None, layout
     if request is None or inventory is None:
         return Plan({}, [], [])
     actions = list(iter_plan(request, inventory, layout))
-    driver = {"version": inventory.version, "cuda": inventory.cuda_version, "root": inventory.root}
+    driver = {"version": inventory.version, "cuda": inventory.cuda_version, "root": inventory.root,
+              "dev_root": inventory.dev_root}
     return Plan(driver, select_gpus(request, inventory), actions)
 
