@@ -11,6 +11,9 @@ VERBS = {
     "run": "run an OCI bundle, with the host's NVIDIA GPUs when it asks for them",
     "trace": "print (or draw) the phases of a startup trace",
     "hook": "OCI prestart/createRuntime hook for runc and crun (hook install: add it to a bundle)",
+    "list": "list the running containers",
+    "state": "print a container's state as JSON",
+    "kill": "send a signal to a container (default SIGTERM)",
 }
 
 
@@ -50,6 +53,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace-event JSON of the hook")
     p.add_argument("--stage", choices=["prestart", "createRuntime"], default="createRuntime",
                    help="(install) which hook list to add it to")
+    for verb in ("list", "state", "kill"):
+        p = sub.add_parser(verb, help=VERBS[verb])
+        if verb != "list":
+            p.add_argument("id")
+        if verb == "kill":
+            p.add_argument("signal", nargs="?", default="TERM")
+        p.add_argument("--root", default="/run/sandbox", help="state directory (default /run/sandbox)")
     return ap
 
 
@@ -91,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             from sandbox import run_cmd as verb
         elif args.verb == "trace":
             from sandbox import trace_cmd as verb
+        elif args.verb in ("list", "state", "kill"):
+            from sandbox import state_cmd as verb
         else:
             from sandbox import hook_cmd as verb
         return verb.main(args, gofer) if gofer is not None else verb.main(args)

@@ -62,6 +62,11 @@ class StateDir:
             f.write(msgspec.json.encode(state))
         os.replace(tmp, os.path.join(self.dir, "state.json"))
 
+    def read(self) -> State | None:
+        """The recorded state, or None if there is none (or the container is gone)."""
+        state = self._read()
+        return state if state is not None and _alive(state.pid) else None
+
     def _read(self) -> State | None:
         try:
             with open(os.path.join(self.dir, "state.json"), "rb") as f:
@@ -82,3 +87,12 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
+
+
+def list_states(root: str) -> list[State]:
+    """The containers under ``root`` that are still alive, by id."""
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return []
+    return [st for name in names if _ID.match(name) and (st := StateDir(root, name).read()) is not None]

@@ -251,3 +251,27 @@ def test_state_root_error_is_one_line(make_bundle, tmp_path):
     assert r.returncode == 1
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith(f"sandbox run: --root {tmp_path}/file/state: cannot create the state directory")
+
+
+def test_list_state_kill(make_bundle, tmp_path):
+    """runc-like verbs over --root: the running container is listed, its state printed, and
+    `kill` delivers the signal (the shell traps it and exits 7)."""
+    import json
+
+    state_root = tmp_path / "state"
+    bundle = fixtures_spec_without_pidns(make_bundle, ["sh", "-c", "trap 'exit 7' TERM; echo started; "
+                                                                   "while :; do sleep 0.05; done"])
+    p = sandbox_popen("run", bundle, "--id", "k1", "--root", state_root)
+    assert p.stdout.readline().strip() == "started"
+    listed = sandbox("list", "--root", state_root)
+    assert listed.returncode == 0 and listed.stdout.splitlines()[1].split()[:1] == ["k1"]
+    deadline = time.monotonic() + 5
+    while (state := json.loads(sandbox("state", "k1", "--root", state_root).stdout))["status"] != "running":
+        assert time.monotonic() < deadline, state  # "creating" until the supervisor has seen the exec
+        time.sleep(0.05)
+    assert state["id"] == "k1" and state["bundle"] == str(bundle)
+    assert sandbox("kill", "k1", "TERM", "--root", state_root).returncode == 0
+    assert p.wait(timeout=10) == 7
+    gone = sandbox("state", "k1", "--root", state_root)
+    assert gone.returncode == 1 and "does not exist" in gone.stderr
+    assert sandbox("list", "--root", state_root).stdout.splitlines()[1:] == []
