@@ -275,3 +275,22 @@ def test_list_state_kill(make_bundle, tmp_path):
     gone = sandbox("state", "k1", "--root", state_root)
     assert gone.returncode == 1 and "does not exist" in gone.stderr
     assert sandbox("list", "--root", state_root).stdout.splitlines()[1:] == []
+
+
+def test_rootfs_on_overlayfs_like_docker(make_bundle, driver_root, tmp_path, rootfs_debian, host_unchanged):
+    """An image that is itself an overlay mount (Docker's overlay2 layout): our private
+    overlay stacks on it. The overlay is mounted in a namespace of the test's own."""
+    import subprocess
+    import sys
+
+    for d in ("upper", "work", "merged"):
+        (tmp_path / d).mkdir()
+    merged = tmp_path / "merged"
+    bundle = make_bundle(["cudacheck"], ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=merged)
+    script = (f"mount -t overlay overlay -o lowerdir={rootfs_debian},upperdir={tmp_path}/upper,"
+              f"workdir={tmp_path}/work {merged} && exec {sys.executable} -m sandbox.cli run {bundle} "
+              f"--driver-root {driver_root} --root {tmp_path}/state")
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "cuInit found" in r.stdout, r.stderr
+    assert list((tmp_path / "upper").iterdir()) == []  # nothing written through to the image's layers
