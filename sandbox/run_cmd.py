@@ -40,10 +40,17 @@ def spawn_gofer() -> Gofer:
     return Gofer(pid, ours, t0)
 
 
+def exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
 def main(args, gofer: Gofer | None = None) -> int:
+    from gofer import protocol
     from gofer.spans import Spans
     from mounts.errors import SandboxError
     from sandbox.state import StateDir
+    from sandbox.stream import read_replies, stream_plan
 
     pid, ours, t0 = gofer or spawn_gofer()
     bundle_path = os.path.abspath(args.bundle)
@@ -58,6 +65,7 @@ def main(args, gofer: Gofer | None = None) -> int:
     for sig in FORWARDED:
         signal.signal(sig, forward)
     state = None
+    waited = False
     try:
         spans = Spans(bool(args.trace), os.getpid())
         spans.add("imports + argv", t0)
@@ -69,8 +77,6 @@ def main(args, gofer: Gofer | None = None) -> int:
             ours.close()
             raise SandboxError(str(e)) from None
         try:
-            from sandbox.stream import stream_plan
-
             stream_plan(args, ours, spans)
         except BrokenPipeError:
             pass  # the gofer failed first: its Error frame says why
@@ -78,16 +84,51 @@ def main(args, gofer: Gofer | None = None) -> int:
             error = e
             ours.shutdown(socket.SHUT_WR)  # the gofer sees EOF before End and gives up
         t = time.monotonic_ns()
-        from sandbox.supervisor import supervise
+        replies = read_replies(ours)  # until the container exec'd, or the gofer gave up
+        ours.close()
+        spans.add("wait for exec", t)
+        failure = next((m.message for m in replies if isinstance(m, protocol.Error)), None)
+        ready = next((m for m in replies if isinstance(m, protocol.Ready)), None)
+        if ready is not None and failure is None and error is None:
+            state.running(ready.pid)
+            t = time.monotonic_ns()
+            from sandbox.supervisor import wait_container
 
-        spans.add("import supervisor", t)
-        return supervise(args, pid, ours, spans, state, error)
+            spans.add("import event loop", t)
+            t = time.monotonic_ns()
+            status = wait_container(pid)
+            spans.add("supervise", t)
+        else:  # nothing started: no container to supervise, no event loop needed
+            _, status = os.waitpid(pid, 0)
+        waited = True
+        if args.trace:
+            _write_trace(args.trace, spans, replies)
+        if error is not None:
+            raise error
+        code = exit_code(status)
+        if failure is None and ready is None:
+            how = f"was killed by signal {code - 128}" if code > 128 else f"exited with status {code}"
+            failure = f"the gofer {how} before the container started"
+        if failure is not None:
+            err = SandboxError(failure)
+            err.exit_code = code or 1  # 127 when exec failed
+            raise err
+        return code
     finally:
         if state is not None:
             state.remove()
-        # never leave the gofer behind, whatever happened above
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
+        if not waited:  # never leave the gofer behind, whatever happened above
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+def _write_trace(path: str, spans, replies: list) -> None:
+    import resource
+
+    from sandbox.trace import write_trace
+
+    spans.add("supervisor done", time.monotonic_ns(), maxrss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    write_trace(path, spans.items + [s for m in replies for s in m.spans])

@@ -1,6 +1,6 @@
-"""Steps 1-2 of ``sandbox run`` (synchronous, before the event loop is even imported):
-parse the bundle, send Start, then discover the driver and stream each action of the plan
-to the gofer the moment it is known."""
+"""The synchronous part of ``sandbox run``'s conversation with the gofer: parse the bundle,
+send Start, discover the driver and stream each action of the plan the moment it is known,
+then read the gofer's replies until it execs (see gofer/protocol.py)."""
 
 from __future__ import annotations
 
@@ -38,3 +38,17 @@ def stream_plan(args, sock: socket.socket, spans: Spans) -> Bundle:
         spans.add("closure + stream", t, actions=n)
     protocol.send(sock, protocol.End())
     return bundle
+
+
+def read_replies(sock: socket.socket) -> list:
+    """Every frame the gofer sends until EOF: it exec'd the container (the socket is
+    close-on-exec) or exited. Blocking; signals are forwarded by the caller's handlers."""
+    replies = []
+    while True:
+        try:
+            msg = protocol.recv_reply(sock)
+        except (ConnectionResetError, protocol.ProtocolError):
+            return replies
+        if msg is None:
+            return replies
+        replies.append(msg)
