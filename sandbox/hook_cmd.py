@@ -24,7 +24,19 @@ import msgspec
 from mounts.errors import BundleError, SandboxError
 
 HOOK_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
-ENTRY = "import sys; from sandbox.cli import main; sys.exit(main(sys.argv[1:]))"
+MAIN = "from sandbox.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def entry_code() -> str:
+    """The hook's -c program. It runs with -S (no site: ~3 ms less per container start), so
+    it puts this installation's import paths on sys.path itself."""
+    import sysconfig
+
+    import sandbox
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(sandbox.__file__)))
+    paths = list(dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], here]))
+    return f"import sys; sys.path[:0] = {paths!r}; {MAIN}"
 
 
 class ContainerState(msgspec.Struct):
@@ -84,9 +96,10 @@ def install(args) -> int:
         raise BundleError(f"{config}: invalid JSON: {e}") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("hooks", {}), dict):
         raise BundleError(f"{config}: hooks must be an object")
-    # argv[0] must be the venv's own path: Python finds its prefix (the venv) from it. -I: no
-    # PYTHON* variables, no user site, no cwd on sys.path; -c rather than -m skips runpy (~5 ms).
-    hook_args = [sys.executable, "-I", "-c", ENTRY, "hook", "--driver-root", os.path.abspath(args.driver_root)]
+    # argv[0] is the venv's own python. -I: no PYTHON* variables, no user site, no cwd on
+    # sys.path; -S: no site at all (entry_code sets the paths); -c rather than -m: no runpy.
+    hook_args = [sys.executable, "-I", "-S", "-c", entry_code(), "hook",
+                 "--driver-root", os.path.abspath(args.driver_root)]
     if args.dev_root:
         hook_args += ["--dev-root", os.path.abspath(args.dev_root)]
     if args.capabilities:
@@ -96,7 +109,7 @@ def install(args) -> int:
     entry = {"path": sys.executable, "args": hook_args, "env": HOOK_ENV}
     hooks = spec.setdefault("hooks", {})
     for stage in ("prestart", "createRuntime"):
-        hooks[stage] = [h for h in hooks.get(stage, []) if h.get("args", [])[2:5] != ["-c", ENTRY, "hook"]]
+        hooks[stage] = [h for h in hooks.get(stage, []) if not any(MAIN in a for a in h.get("args", []))]
         if not hooks[stage]:
             del hooks[stage]
     hooks.setdefault(args.stage, []).append(entry)
