@@ -3,7 +3,6 @@ parses arguments, calls the verb, and turns a SandboxError into one line and an 
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 VERBS = {
@@ -17,14 +16,16 @@ VERBS = {
 }
 
 
-def _gpu_options(p: argparse.ArgumentParser) -> None:
+def _gpu_options(p) -> None:
     p.add_argument("--driver-root", default="/", help="where the driver is installed (default /)")
     p.add_argument("--dev-root", help="where the kernel module's dev/ and proc/ are (default: the driver root)")
     p.add_argument("--gpus", help="override NVIDIA_VISIBLE_DEVICES (all, none, indices, UUIDs, bus ids)")
     p.add_argument("--capabilities", help="override NVIDIA_DRIVER_CAPABILITIES")
 
 
-def parser() -> argparse.ArgumentParser:
+def parser():
+    import argparse  # here, not at the top: the hook's fast path never needs it
+
     ap = argparse.ArgumentParser(prog="sandbox", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
 

@@ -14,7 +14,6 @@ PYTHON* variables, no cwd on sys.path) with a fixed PATH, from "/" not the rootf
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -84,6 +83,8 @@ def run_hook(args) -> int:
 
 def install(args) -> int:
     """Add (or replace) our entry in config.json's hooks, written atomically."""
+    import json
+
     if not args.bundle:
         raise SandboxError("hook install: which bundle? (sandbox hook install BUNDLE)")
     config = os.path.join(os.path.abspath(args.bundle), "config.json")
