@@ -21,7 +21,7 @@ _EXPECT = {  # what each kind's source must be, checked on the opened fd (no TOC
 }
 
 
-def open_source(action: A.Action) -> int:
+def open_source(action: A.Action) -> tuple[int, os.stat_result]:
     """Open the host source with O_NOFOLLOW and check its type (and numbers, for devices)."""
     try:
         fd = os.open(action.source, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -38,7 +38,7 @@ def open_source(action: A.Action) -> int:
     if problem:
         os.close(fd)
         raise MountError(action.target, f"source {action.source} {problem}")
-    return fd
+    return fd, st
 
 
 def apply(root: Root, action: A.AnyAction) -> None:
@@ -50,9 +50,9 @@ def apply(root: Root, action: A.AnyAction) -> None:
         case A.ProcFs():
             proc_driver(root, action)
         case _:
-            src = open_source(action)
+            src, st = open_source(action)
             try:
-                root.bind(src, action.target, action.flags, is_dir=stat.S_ISDIR(os.fstat(src).st_mode))
+                root.bind(src, action.target, action.flags, is_dir=stat.S_ISDIR(st.st_mode))
             finally:
                 os.close(src)
 
