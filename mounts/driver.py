@@ -63,12 +63,11 @@ class Inventory(msgspec.Struct, frozen=True):
     gpus: list[Gpu]
     devices: dict[str, DeviceNode]  # by node name: nvidiactl, nvidia0, nvidia-uvm ...
     libraries: list[DriverLib]  # every cache entry whose file carries the driver version
-    bin_dirs: list[str]  # host dirs searched for binaries, in order
     firmware: list[str]  # paths relative to the root: lib/firmware/nvidia/<ver>/gsp*.bin
     majors: dict[str, int]  # from proc/devices: nvidia-uvm, nvidia-caps ...
 
     def find_binary(self, name: str) -> str | None:
-        for d in self.bin_dirs:
+        for d in BIN_DIRS:
             path = resolve_in_root(self.root, os.path.join(d, name))
             if path is not None and os.path.isfile(path):
                 return path
@@ -224,7 +223,6 @@ def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
         gpus=gpus,
         devices=_devices(dev_root, gpus, majors),
         libraries=_libraries(root, cache, version),
-        bin_dirs=list(BIN_DIRS),
         firmware=_firmware(root, version),
         majors=majors,
     )

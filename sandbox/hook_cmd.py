@@ -58,7 +58,7 @@ def run_hook(args) -> int:
     os.chdir("/")  # never work from inside the container's rootfs
     from gofer.spans import Spans
     from mounts.spec import load_bundle
-    from sandbox.api import apply_plan, plan_bundle, request_for
+    from sandbox.api import apply_plan, plan_bundle
 
     spans = Spans(bool(args.trace), os.getpid())
     t = time.monotonic_ns()
@@ -67,11 +67,11 @@ def run_hook(args) -> int:
     except msgspec.DecodeError as e:
         raise BundleError(f"container state on stdin: {e}") from None
     bundle = load_bundle(state.bundle)
-    if request_for(bundle, max_capabilities=args.capabilities) is None:
-        return 0  # no GPU asked for: touch nothing
     spans.add("state + bundle", t)
     with spans.span("plan"):
         plan = plan_bundle(bundle, args.driver_root, max_capabilities=args.capabilities, dev_root=args.dev_root)
+    if not plan.actions:
+        return 0  # no GPU asked for (the driver root was not even read): touch nothing
     with spans.span("mounts", actions=len(plan.actions)):
         apply_plan(plan.actions, bundle.rootfs, pid=state.pid)
     if args.trace:
