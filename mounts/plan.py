@@ -142,10 +142,13 @@ def _closure(inventory: Inventory, roots: list[DriverLib]) -> Iterator[tuple[Dri
                 queue.append(dep)
 
 
-def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout) -> Iterator[A.AnyAction]:
-    """The actions for ``request``, in streaming order. Raises RequestError first if the
-    request cannot be met (unknown device, failed requirement)."""
-    gpus = select_gpus(request, inventory)
+def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
+              gpus: list[Gpu] | None = None) -> Iterator[A.AnyAction]:
+    """The actions for ``request`` (on ``gpus``, selected here unless given), in streaming
+    order. Raises RequestError first if the request cannot be met (unknown device, failed
+    requirement)."""
+    if gpus is None:
+        gpus = select_gpus(request, inventory)
     check_requirements(request, inventory.version, inventory.cuda_version,
                        [brand_of(g.model) for g in gpus], [])
     caps = request.capabilities
@@ -213,8 +216,8 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout) -> Iter
 def compute_plan(request: GpuRequest | None, inventory: Inventory | None, layout: Layout) -> Plan:
     if request is None or inventory is None:
         return Plan({}, [], [])
-    actions = list(iter_plan(request, inventory, layout))
+    gpus = select_gpus(request, inventory)
+    actions = list(iter_plan(request, inventory, layout, gpus))
     driver = {"version": inventory.version, "cuda": inventory.cuda_version, "root": inventory.root,
               "dev_root": inventory.dev_root}
-    return Plan(driver, select_gpus(request, inventory), actions)
-
+    return Plan(driver, gpus, actions)
