@@ -53,19 +53,34 @@ def top_level(events: list[Event]) -> list[Event]:
 
 
 def critical_path(events: list[Event]) -> list[Event]:
-    """Walk back from exec (or the last span): each step takes the top-level span (of
-    either process) that ended last before the current one started: what exec waited on."""
+    """Walk back from exec (or the last span), one top-level span at a time: the previous
+    span of the same process family (supervisor, or gofer and its pid 1) if it ended right
+    before (it ran into this one), else whichever span of either process ended last: what
+    this one waited for."""
     spans = top_level(events)
     if not spans:
         return []
+    names = process_names(events)
+
+    def family(e: Event) -> str:
+        return "supervisor" if "supervisor" in str(names.get(e.pid, "")) else "gofer"
+
+    def end(e: Event) -> float:
+        return e.ts + (e.dur or 0)
+
     execs = [e for e in spans if e.name == "exec"]
-    cur = execs[0] if execs else max(spans, key=lambda e: e.ts + (e.dur or 0))
+    cur = execs[0] if execs else max(spans, key=end)
     path = [cur]
     while True:
-        before = [e for e in spans if e.ts + (e.dur or 0) <= cur.ts + 1e-3 and e is not cur]
+        before = [e for e in spans if end(e) <= cur.ts + 1e-3 and e is not cur]
         if not before:
             break
-        cur = max(before, key=lambda e: e.ts + (e.dur or 0))
+        own = [e for e in before if family(e) == family(cur)]
+        last_own = max(own, key=end) if own else None
+        if last_own is not None and cur.ts - end(last_own) < 200:  # µs: it ran straight into cur
+            cur = last_own
+        else:
+            cur = max(before, key=end)
         path.append(cur)
     return path[::-1]
 

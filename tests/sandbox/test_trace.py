@@ -30,3 +30,14 @@ def test_round_trip_table_and_critical_path(tmp_path):
 
 def test_empty_trace():
     assert critical_path([]) == [] and "PROCESS" in table([Event("process_name", "M", 1)])
+
+
+def test_critical_path_crosses_to_the_supervisor_when_the_gofer_waited(tmp_path):
+    sup, gof = 100, 200
+    spans = [Span("imports + argv", ms(0), ms(1), sup), Span("closure + stream", ms(1), ms(7.9), sup),
+             Span("gofer:start", ms(0), ms(3), gof), Span("devices", ms(3), ms(5), gof),
+             Span("gpu mounts", ms(8), ms(9), gof), Span("exec", ms(9), ms(9), gof)]
+    path = tmp_path / "t.json"
+    write_trace(str(path), spans)
+    names = [e.name for e in critical_path(read_trace(str(path)))]
+    assert names == ["imports + argv", "closure + stream", "gpu mounts", "exec"]
