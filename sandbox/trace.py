@@ -46,8 +46,9 @@ def top_level(events: list[Event]) -> list[Event]:
     spans = sorted((e for e in events if e.ph == "X"), key=lambda e: (e.ts, -(e.dur or 0)))
     out = []
     for e in spans:
-        if not any(o.pid == e.pid and o.ts <= e.ts and e.ts + (e.dur or 0) <= o.ts + (o.dur or 0)
-                   and o is not e for o in out):
+        # nested: starts inside o (an instant at o's very end, like exec, is not) and ends in it
+        if not any(o.pid == e.pid and o.ts <= e.ts < o.ts + (o.dur or 0)
+                   and e.ts + (e.dur or 0) <= o.ts + (o.dur or 0) and o is not e for o in out):
             out.append(e)
     return out
 
