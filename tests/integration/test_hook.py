@@ -175,3 +175,15 @@ def test_hook_refuses_a_pid_in_its_own_mount_namespace(make_bundle, driver_root)
                        input=state, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "shares our mount namespace" in r.stderr
     assert mount_table() == before
+
+
+def test_lib64_rootfs_through_the_hook(make_bundle, driver_root, tmp_path, rootfs_lib64):
+    bundle = make_bundle(["sh", "-c", SCRIPT + "; ls /usr/lib64/libcuda.so.1"], ["NVIDIA_VISIBLE_DEVICES=all"],
+                         rootfs=rootfs_lib64)
+    install(bundle, driver_root)
+    before = (mount_table(), tree(rootfs_lib64))
+    r = runc(bundle, tmp_path / "state")
+    assert r.returncode == 0, r.stderr
+    check_gpu_output(r.stdout + r.stderr)
+    assert "/usr/lib64/libcuda.so.1" in r.stdout
+    assert (mount_table(), tree(rootfs_lib64)) == before
