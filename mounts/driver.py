@@ -59,12 +59,14 @@ class Inventory(msgspec.Struct, frozen=True):
     root: str
     dev_root: str  # where the kernel module's dev/ and proc/ are read (often the same root)
     version: str
-    cuda_version: str | None
     gpus: list[Gpu]
     devices: dict[str, DeviceNode]  # by node name: nvidiactl, nvidia0, nvidia-uvm ...
     libraries: list[DriverLib]  # every cache entry whose file carries the driver version
-    firmware: list[str]  # paths relative to the root: lib/firmware/nvidia/<ver>/gsp*.bin
-    majors: dict[str, int]  # from proc/devices: nvidia-uvm, nvidia-caps ...
+    firmware: dict[str, str]  # /lib/firmware/nvidia/<ver>/gsp*.bin -> its host path
+
+    @property
+    def cuda_version(self) -> str | None:
+        return cuda_version(self.version)
 
     def find_binary(self, name: str) -> str | None:
         for d in BIN_DIRS:
@@ -85,14 +87,15 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _version(root: str, dev_root: str, cache: list[ldcache.Entry]) -> str:
+def _version(root: str, dev_root: str, cache: list[ldcache.Entry], resolver: Resolver) -> str:
     text = _read(os.path.join(dev_root, "proc/driver/nvidia/version"))
     if text:
         m = _VERSION_RE.search(text)
         if m:
             return m.group(1)
     for e in cache:
-        m = _LIB_VERSION_RE.match(os.path.basename(resolve_in_root(root, e.value) or ""))
+        found = resolver.file(e.value)
+        m = _LIB_VERSION_RE.match(found[0].rpartition("/")[2]) if found else None
         if m:
             return m.group(1)
     raise DriverError(f"{root}: no NVIDIA driver found (no proc/driver/nvidia/version, "
@@ -171,10 +174,9 @@ def _devices(root: str, gpus: list[Gpu], majors: dict[str, int]) -> dict[str, De
     return found
 
 
-def _libraries(root: str, cache: list[ldcache.Entry], version: str) -> list[DriverLib]:
+def _libraries(cache: list[ldcache.Entry], version: str, resolver: Resolver) -> list[DriverLib]:
     libs, seen = [], set()
     suffix = "." + version
-    resolver = Resolver(root)
     for e in cache:
         found = resolver.file(e.value)
         if found is None or not found[0].endswith(suffix) or (e.key, e.flags) in seen:
@@ -187,12 +189,13 @@ def _libraries(root: str, cache: list[ldcache.Entry], version: str) -> list[Driv
     return libs
 
 
-def _firmware(root: str, version: str) -> list[str]:
-    rel = f"lib/firmware/nvidia/{version}"
-    host = resolve_in_root(root, rel)
+def _firmware(root: str, version: str) -> dict[str, str]:
+    target = f"/lib/firmware/nvidia/{version}"
+    host = resolve_in_root(root, target)
     if host is None or not os.path.isdir(host):
-        return []
-    return [f"{rel}/{n}" for n in sorted(os.listdir(host)) if n.startswith("gsp") and n.endswith(".bin")]
+        return {}
+    return {f"{target}/{n}": f"{host}/{n}" for n in sorted(os.listdir(host))
+            if n.startswith("gsp") and n.endswith(".bin")}
 
 
 def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
@@ -212,17 +215,15 @@ def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
         cache = ldcache.read(cache_path)
     except LdCacheError as e:
         raise DriverError(str(e)) from None
-    version = _version(root, dev_root, cache)
+    resolver = Resolver(root)  # shared: the version fallback and the libraries resolve the same files
+    version = _version(root, dev_root, cache, resolver)
     gpus = _gpus(dev_root)
-    majors = _majors(dev_root)
     return Inventory(
         root=root,
         dev_root=dev_root,
         version=version,
-        cuda_version=cuda_version(version),
         gpus=gpus,
-        devices=_devices(dev_root, gpus, majors),
-        libraries=_libraries(root, cache, version),
+        devices=_devices(dev_root, gpus, _majors(dev_root)),
+        libraries=_libraries(cache, version, resolver),
         firmware=_firmware(root, version),
-        majors=majors,
     )

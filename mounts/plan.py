@@ -180,10 +180,11 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
             yield A.Symlink(lib.name, f"{libdir}/{key}")
             made[f"{libdir}/{key}"] = lib.flags
         entries.append(Entry(key, f"{libdir}/{key}", lib.flags))
+    lib_caps = library_caps(caps)
     for cap, link, to in EXTRA_LINKS:
         to = to.format(version=inventory.version)
         flags = made.get(f"{layout.lib64}/{to}")
-        if cap in library_caps(caps) and flags is not None:
+        if cap in lib_caps and flags is not None:
             yield A.Symlink(to, f"{layout.lib64}/{link}")
             entries.append(Entry(link, f"{layout.lib64}/{link}", flags))
 
@@ -193,10 +194,8 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
             if path is not None:
                 yield A.Binary(path, f"{layout.bin}/{name}", A.RO_LIB)
 
-    for rel in inventory.firmware:
-        host = inventory.host(rel)
-        if host is not None:
-            yield A.Firmware(host, "/" + rel, A.RO_LIB)
+    for target, host in inventory.firmware.items():
+        yield A.Firmware(host, target, A.RO_LIB)
 
     for cap in sorted(caps & IPC.keys()):
         for path in IPC[cap]:

@@ -1,6 +1,7 @@
 import os
 import shutil
 
+import fixtures
 import pytest
 
 from mounts.driver import cuda_version, discover
@@ -15,8 +16,9 @@ def test_discovers_the_real_535_driver(driver_root, driver_version):
     assert inv.gpus[0].uuid.startswith("GPU-") and inv.gpus[0].busid == "0000:3b:00.0"
     nodes = {n: (d.major, d.minor) for n, d in inv.devices.items()}
     assert nodes["nvidiactl"] == (195, 255) and nodes["nvidia1"] == (195, 1)
-    assert nodes["nvidia-uvm"][0] == inv.majors["nvidia-uvm"] and nodes["nvidia-uvm-tools"][1] == 1
-    assert inv.firmware and all(f.startswith(f"lib/firmware/nvidia/{driver_version}/gsp") for f in inv.firmware)
+    assert nodes["nvidia-uvm"] == (fixtures.UVM_MAJOR, 0) and nodes["nvidia-uvm-tools"] == (fixtures.UVM_MAJOR, 1)
+    assert inv.firmware and all(t.startswith(f"/lib/firmware/nvidia/{driver_version}/gsp") and os.path.isfile(h)
+                                for t, h in inv.firmware.items())
     # every library is a real file carrying the version, found through the root's own cache
     assert all(os.path.isfile(lib.path) and lib.name.endswith(driver_version) for lib in inv.libraries)
     assert inv.find_binary("nvidia-smi").endswith("usr/lib/nvidia/current/nvidia-smi")
