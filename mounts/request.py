@@ -49,6 +49,14 @@ def parse_devices(value: str) -> tuple[str, ...]:
     return entries
 
 
+def _capabilities(cli: str | None, env: str | None, unset: frozenset[str]) -> frozenset[str]:
+    """--capabilities over NVIDIA_DRIVER_CAPABILITIES over ``unset`` (the default when the
+    variable is absent; set but empty, it means compute,utility)."""
+    if cli is not None:
+        return parse_capabilities(cli, "--capabilities")
+    return unset if env is None else parse_capabilities(env)
+
+
 def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -73,18 +81,11 @@ def gpu_request(spec: Spec, gpus: str | None = None, capabilities: str | None = 
         listed = _listed_gpus(spec)
         if listed is not None:
             # The GKE way: nodes named in linux.devices, libraries come as ordinary mounts.
-            caps = parse_capabilities(capabilities, "--capabilities") if capabilities else (
-                parse_capabilities(caps_env) if caps_env else frozenset())
-            return GpuRequest(listed, caps, source="linux.devices")
+            return GpuRequest(listed, _capabilities(capabilities, caps_env, frozenset()), source="linux.devices")
     if visible is None or visible.strip() in ("", "void"):
         return None
 
-    if capabilities is not None:
-        caps = parse_capabilities(capabilities, "--capabilities")
-    elif legacy and caps_env is None:
-        caps = frozenset(CAPABILITIES)
-    else:
-        caps = parse_capabilities(caps_env)
+    caps = _capabilities(capabilities, caps_env, frozenset(CAPABILITIES) if legacy else DEFAULT_CAPABILITIES)
 
     requirements: list[tuple[str, str]] = []
     if not _truthy(env("NVIDIA_DISABLE_REQUIRE")) and spec.process is not None:
