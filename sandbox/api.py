@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+import msgspec
+
 from mounts.actions import Action, Device
 from mounts.errors import SandboxError
 from mounts.plan import Plan, compute_plan, layout_of
@@ -28,8 +30,7 @@ def request_for(bundle: Bundle, gpus: str | None = None, capabilities: str | Non
     request = gpu_request(bundle.spec, gpus, capabilities)
     if request is not None and max_capabilities:
         allowed = parse_capabilities(max_capabilities, "--capabilities")
-        request = GpuRequest(request.devices, request.capabilities & allowed, request.requirements,
-                             request.source)
+        request = msgspec.structs.replace(request, capabilities=request.capabilities & allowed)
     return request
 
 

@@ -10,10 +10,10 @@ import time
 
 from gofer import protocol
 from gofer.spans import Spans
-from mounts.spec import Bundle, load_bundle
+from mounts.spec import load_bundle
 
 
-def stream_plan(args, sock: socket.socket, spans: Spans) -> Bundle:
+def stream_plan(args, sock: socket.socket, spans: Spans) -> None:
     with spans.span("bundle parse"):
         bundle = load_bundle(args.bundle)
         from mounts.request import gpu_request
@@ -37,7 +37,6 @@ def stream_plan(args, sock: socket.socket, spans: Spans) -> Bundle:
             n += 1
         spans.add("closure + stream", t, actions=n)
     protocol.send(sock, protocol.End())
-    return bundle
 
 
 def read_replies(sock: socket.socket) -> list:

@@ -70,3 +70,14 @@ def test_hook_command_line_without_argparse():
     assert {k: getattr(fast, k) for k in ("verb", "action", "driver_root", "dev_root", "capabilities", "trace")} == \
            {k: getattr(full, k) for k in ("verb", "action", "driver_root", "dev_root", "capabilities", "trace")}
     assert hook_args(["hook", "install", "/b"]) is None and hook_args(["hook", "--bogus", "x"]) is None
+
+
+def test_api_caps_capabilities_at_most(make_bundle, driver_root):
+    """The hook's --capabilities is a ceiling: a compute,utility bundle gets utility only."""
+    from sandbox.api import plan_bundle
+
+    bundle = make_bundle(env=["NVIDIA_VISIBLE_DEVICES=all"])
+    names = {a.target.rsplit("/", 1)[1].split(".so")[0]
+             for a in plan_bundle(str(bundle), str(driver_root), max_capabilities="utility").actions
+             if a.kind == "library"}
+    assert names == {"libnvidia-ml", "libnvidia-cfg"}
