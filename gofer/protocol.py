@@ -49,7 +49,6 @@ class Ready(msgspec.Struct, frozen=True, tag_field="kind", tag="ready"):
 
 class Error(msgspec.Struct, frozen=True, tag_field="kind", tag="error"):
     message: str
-    spans: list[Span] = []
 
 
 ToGofer = Start | End | Device | Library | Symlink | Binary | Firmware | Ipc | LdCache | ProcFs

@@ -71,11 +71,7 @@ def main(args, gofer: Gofer | None = None) -> int:
         spans.add("imports + argv", t0)
         error = None
         state = StateDir(args.root, args.id or os.path.basename(bundle_path))
-        try:
-            state.create(pid, bundle_path)
-        except (SandboxError, OSError) as e:
-            ours.close()
-            raise SandboxError(str(e)) from None
+        state.create(pid, bundle_path)  # an id in use or an unusable --root: one line, gofer killed below
         try:
             stream_plan(args, ours, spans)
         except BrokenPipeError:
@@ -102,7 +98,7 @@ def main(args, gofer: Gofer | None = None) -> int:
             _, status = os.waitpid(pid, 0)
         waited = True
         if args.trace:
-            _write_trace(args.trace, spans, replies)
+            _write_trace(args.trace, spans, ready.spans if ready is not None else [])
         if error is not None:
             raise error
         code = exit_code(status)
@@ -125,10 +121,10 @@ def main(args, gofer: Gofer | None = None) -> int:
                 pass
 
 
-def _write_trace(path: str, spans, replies: list) -> None:
+def _write_trace(path: str, spans, gofer_spans: list) -> None:
     import resource
 
     from sandbox.trace import write_trace
 
     spans.add("supervisor done", time.monotonic_ns(), maxrss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    write_trace(path, spans.items + [s for m in replies for s in m.spans])
+    write_trace(path, spans.items + gofer_spans)
