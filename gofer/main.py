@@ -94,6 +94,8 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     spans = Spans(start.trace, os.getpid())
     spans.add("gofer:start", t_spawn)
     spec = start.spec
+    if spec.process is None:  # the supervisor refuses such a bundle; never mount for nothing
+        raise GoferError("config.json: no process to run")
 
     with spans.span("unshare"):
         flags = rootfs.enter_namespaces(spec)
@@ -131,8 +133,6 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     root.close()
 
     proc = spec.process
-    if proc is None:
-        raise GoferError("config.json: no process to run")
     with spans.span("user"):
         process.set_rlimits(proc)
         process.become(proc)
@@ -162,7 +162,7 @@ def serve(sock: socket.socket, t_spawn: int, parent: int) -> None:
         if _traceback is not None:
             _traceback.print_exc()
         msg = str(e) or type(e).__name__
-        if isinstance(e, process.ProcessError) and msg.startswith("exec "):
+        if isinstance(e, process.ExecError):
             code = 127
         try:
             protocol.send(sock, protocol.Error(msg))

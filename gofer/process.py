@@ -16,6 +16,10 @@ class ProcessError(Exception):
     pass
 
 
+class ExecError(ProcessError):
+    """execve failed: the container's command could not start (exit status 127, as shells)."""
+
+
 def _cap_numbers(names: list[str], field: str) -> list[int]:
     caps = []
     for name in names:
@@ -86,4 +90,4 @@ def exec_process(proc: Process) -> None:
     try:
         os.execvpe(proc.args[0], proc.args, env)
     except OSError as e:
-        raise ProcessError(f"exec {proc.args[0]}: {e.strerror}") from None
+        raise ExecError(f"exec {proc.args[0]}: {e.strerror}") from None

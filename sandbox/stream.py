@@ -10,12 +10,15 @@ import time
 
 from gofer import protocol
 from gofer.spans import Spans
+from mounts.errors import BundleError
 from mounts.spec import load_bundle
 
 
 def stream_plan(args, sock: socket.socket, spans: Spans) -> None:
     with spans.span("bundle parse"):
         bundle = load_bundle(args.bundle)
+        if bundle.spec.process is None:
+            raise BundleError(f"{bundle.path}/config.json: process is missing: nothing to run")
         from mounts.request import gpu_request
 
         request = gpu_request(bundle.spec, args.gpus, args.capabilities)

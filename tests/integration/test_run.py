@@ -294,3 +294,11 @@ def test_rootfs_on_overlayfs_like_docker(make_bundle, driver_root, tmp_path, roo
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "cuInit found" in r.stdout, r.stderr
     assert list((tmp_path / "upper").iterdir()) == []  # nothing written through to the image's layers
+
+
+def test_bundle_without_process_is_refused_before_any_mount(tmp_path, rootfs_debian):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "root": {"path": str(rootfs_debian)}}))
+    r = sandbox("run", tmp_path, "--root", tmp_path / "state")
+    assert r.returncode == 2 and "process is missing" in r.stderr
