@@ -9,7 +9,7 @@ import os
 import stat
 
 from gofer import syscalls as sc
-from gofer.root import MountError, Root
+from gofer.root import MS, MountError, Root
 from mounts.spec import Device, Mount, Spec
 
 # mount(8) option -> (flags to set, flags to clear)
@@ -118,15 +118,18 @@ def _cgroup(root: Root, m: Mount, flags: int) -> None:
         return
     src = os.open("/sys/fs/cgroup", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        opts = tuple(name for name, bit in (("ro", sc.MS_RDONLY), ("nosuid", sc.MS_NOSUID),
-                                           ("nodev", sc.MS_NODEV), ("noexec", sc.MS_NOEXEC)) if flags & bit)
-        root.bind(src, m.destination, opts, recursive=True, is_dir=True)
+        root.bind(src, m.destination, bind_flags(flags), recursive=True, is_dir=True)
     finally:
         os.close(src)
 
 
-def spec_mounts(root: Root, spec: Spec, bundle: str) -> int:
-    """The spec's mounts in order. Returns how many were made."""
+def bind_flags(flags: int) -> tuple[str, ...]:
+    """The ro/nosuid/nodev/noexec names Root.bind takes, from mount(2) flags."""
+    return tuple(name for name, bit in MS.items() if flags & bit)
+
+
+def spec_mounts(root: Root, spec: Spec, bundle: str) -> None:
+    """The spec's mounts in order."""
     for m in spec.mounts:
         flags, prop, data = parse_options(m.options)
         fstype = m.type or ("bind" if flags & sc.MS_BIND else None)
@@ -143,9 +146,7 @@ def spec_mounts(root: Root, spec: Spec, bundle: str) -> int:
                 raise MountError(m.destination, f"bind source {source}: {e.strerror}") from None
             try:
                 is_dir = stat.S_ISDIR(os.fstat(src).st_mode)
-                opts = tuple(n for n, bit in (("ro", sc.MS_RDONLY), ("nosuid", sc.MS_NOSUID),
-                                              ("nodev", sc.MS_NODEV), ("noexec", sc.MS_NOEXEC)) if flags & bit)
-                root.bind(src, m.destination, opts, recursive=bool(flags & sc.MS_REC), is_dir=is_dir)
+                root.bind(src, m.destination, bind_flags(flags), recursive=bool(flags & sc.MS_REC), is_dir=is_dir)
             finally:
                 os.close(src)
         else:
@@ -158,7 +159,6 @@ def spec_mounts(root: Root, spec: Spec, bundle: str) -> int:
                 sc.mount(None, sc.fdpath(fd), None, prop)
             finally:
                 os.close(fd)
-    return len(spec.mounts)
 
 
 def make_devices(root: Root, devices: list[Device]) -> None:
