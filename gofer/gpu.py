@@ -7,6 +7,7 @@ import errno
 import os
 import stat
 
+from gofer import syscalls as sc
 from gofer.root import O_PATH_DIR, MountError, Root
 from mounts import actions as A
 from mounts import ldcache
@@ -101,8 +102,6 @@ def proc_driver(root: Root, action: A.ProcFs) -> None:
             return
         raise
     os.close(fd)
-    from gofer import syscalls as sc
-
     tmp = root.mount_fs("tmpfs", "tmpfs", action.target, sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC, "mode=0555")
     root.mark_writable(tmp)
     for name in ("version", "params", "registry"):
