@@ -44,14 +44,8 @@ def in_process(bundle: Path, driver: Path, n: int) -> tuple[float, int]:
     return median_ms(once, n), libs
 
 
-def compile_project() -> None:
-    """Write the .pyc files PYTHONDONTWRITEBYTECODE would leave unwritten (as scripts/setup does)."""
-    subprocess.run([str(REPO / ".venv/bin/python"), "-m", "compileall", "-q", "sandbox", "gofer", "mounts"],
-                   cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-
-
 def main() -> int:
-    compile_project()
+    fixtures.compile_project()
     n = int(os.environ.get("BENCH_N", "30"))
     bundle = fixtures.bundle(fixtures.CACHE / "bundles/bench-plan", fixtures.rootfs("debian"), ["true"],
                              ["NVIDIA_VISIBLE_DEVICES=all"])

@@ -73,16 +73,10 @@ def raw_script(plan: dict, rootfs: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compile_project() -> None:
-    """Write the .pyc files PYTHONDONTWRITEBYTECODE would leave unwritten (as scripts/setup does)."""
-    subprocess.run([str(REPO / ".venv/bin/python"), "-m", "compileall", "-q", "sandbox", "gofer", "mounts"],
-                   cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-
-
 def main() -> int:
     if os.geteuid() != 0:
         raise SystemExit("run the benchmark as root")
-    compile_project()
+    fixtures.compile_project()
     n = int(os.environ.get("BENCH_N", "20"))
     driver = fixtures.driver_535()
     work = Path(tempfile.mkdtemp(prefix="sandbox-bench-"))
