@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -171,8 +170,7 @@ def test_hook_refuses_a_pid_in_its_own_mount_namespace(make_bundle, driver_root)
     bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all"])
     state = json.dumps({"ociVersion": "1.0.2", "id": "x", "pid": os.getpid(), "bundle": str(bundle)})
     before = mount_table()
-    r = subprocess.run([sys.executable, "-m", "sandbox.cli", "hook", "--driver-root", str(driver_root)],
-                       input=state, capture_output=True, text=True, timeout=60)
+    r = sandbox("hook", "--driver-root", driver_root, input=state)
     assert r.returncode == 1 and "shares our mount namespace" in r.stderr
     assert mount_table() == before
 

@@ -1,15 +1,10 @@
 """`sandbox plan` end to end, as a user runs it."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-
-def sandbox(*args):
-    return subprocess.run([sys.executable, "-m", "sandbox.cli", *map(str, args)],
-                          capture_output=True, text=True)
+from tests.integration.helpers import sandbox
 
 
 def test_json_plan(make_bundle, driver_root, driver_version):
