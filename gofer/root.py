@@ -77,7 +77,6 @@ class Root:
     """The rootfs at ``path`` (already a mount point in our private namespace)."""
 
     def __init__(self, path: str):
-        self.path = path
         self.fd = os.open(path, O_PATH_DIR)
         self.writable_devs: set[int] = set()  # filesystems we may add entries to
         self.overlays: dict[tuple[int, int], int] = {}  # lower dir (dev, ino) -> overlay root fd

@@ -137,8 +137,11 @@ class Spec(_S):
     def unenforced(self) -> list[str]:
         """Names of the fields this spec sets that the launcher does not enforce."""
         fields = [(self.linux, "linux", _UNENFORCED_LINUX), (self.process, "process", _UNENFORCED_PROCESS)]
-        return [f"{where}.{camel}" for obj, where, names in fields if obj is not None
-                for attr, camel in names if getattr(obj, attr) is not None]
+        names = [f"{where}.{camel}" for obj, where, names in fields if obj is not None
+                 for attr, camel in names if getattr(obj, attr) is not None]
+        if self.hooks is not None and any(getattr(self.hooks, f) for f in self.hooks.__struct_fields__):
+            names.append("hooks")  # sandbox run runs no OCI hooks of its own
+        return names
 
 
 _UNENFORCED_LINUX = (("resources", "resources"), ("seccomp", "seccomp"), ("sysctl", "sysctl"),

@@ -97,3 +97,11 @@ def test_requirements(expr, ok):
 def test_unparsable_requirement():
     with pytest.raises(RequestError, match="cannot parse condition 'gpus>2'"):
         check_requirements(req("gpus>2"), "535.1.1", "12.2", [], [])
+
+
+def test_unenforced_fields_are_named():
+    s = msgspec.convert({"ociVersion": "1", "root": {"path": "r"}, "process": {"args": ["x"], "oomScoreAdj": 5},
+                         "hooks": {"prestart": [{"path": "/bin/true"}]},
+                         "linux": {"seccomp": {}, "resources": {}}}, Spec)
+    assert s.unenforced() == ["linux.resources", "linux.seccomp", "process.oomScoreAdj", "hooks"]
+    assert spec().unenforced() == []
