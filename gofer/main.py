@@ -108,9 +108,9 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             sock.close()
             _wait_pid1(child)
         prctl.set_pdeathsig(signal.SIGKILL)
-        spans.pid = _host_pid()  # read while /proc is still the host's
+    host_pid = spans.pid = _host_pid()  # read while /proc is still the host's
+    if flags & sc.CLONE_NEWPID:
         spans.add("fork pid 1", t)
-    host_pid = spans.pid = _host_pid()
 
     with spans.span("rootfs"):
         root = rootfs.prepare_root(spec, start.rootfs, start.overlay_root)
