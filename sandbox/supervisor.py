@@ -6,11 +6,10 @@ The supervisor itself never unshares or mounts anything."""
 from __future__ import annotations
 
 import os
-import signal
 
 import anyio
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+from sandbox.run_cmd import FORWARDED
 
 
 async def _wait_exit(pid: int) -> int:
