@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from mounts.elf import read_elf, read_elf_pyelftools
+from mounts.elf import ElfInfo, read_elf, read_elf_pyelftools
 from mounts.errors import ElfError
 
 
@@ -45,3 +45,15 @@ def test_not_elf_and_missing(tmp_path):
         read_elf(str(p))
     with pytest.raises(ElfError, match="cannot read"):
         read_elf(str(tmp_path / "missing.so"))
+
+
+def test_other_byte_orders_go_to_pyelftools(tmp_path):
+    """Only little-endian files take the fast path: a big-endian ELF (here a bare ppc64
+    header, no program headers) is read by pyelftools."""
+    import struct
+
+    header = b"\x7fELF" + bytes([2, 2, 1, 0]) + bytes(8) + struct.pack(
+        ">HHIQQQIHHHHHH", 3, 21, 1, 0, 0, 0, 0, 64, 56, 0, 64, 0, 0)
+    p = tmp_path / "be.so"
+    p.write_bytes(header)
+    assert read_elf(str(p)) == ElfInfo(64, "EM_PPC64", None, ())
