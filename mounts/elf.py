@@ -156,5 +156,5 @@ def read_elf_pyelftools(f) -> ElfInfo:
             return data
 
         return _resolve(read, elf.elfclass, elf["e_machine"], tags, loads)
-    except (ELFError, ConstructError) as e:
+    except (ELFError, ConstructError, OSError) as e:  # OSError: offsets that seek nowhere
         raise ElfError(f"truncated or malformed ELF file: {e}") from None
