@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from gofer.root import MountError
+from mounts.errors import MountError
 
 V1_ROOT = "/sys/fs/cgroup/devices"
 

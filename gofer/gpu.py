@@ -8,10 +8,10 @@ import os
 import stat
 
 from gofer import syscalls as sc
-from gofer.root import O_PATH_DIR, MountError, Root
+from gofer.root import O_PATH_DIR, Root
 from mounts import actions as A
 from mounts import ldcache
-from mounts.errors import LdCacheError
+from mounts.errors import LdCacheError, MountError
 
 _EXPECT = {  # what each kind's source must be, checked on the opened fd (no TOCTOU)
     "library": (stat.S_ISREG, "a regular file"),

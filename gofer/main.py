@@ -2,7 +2,7 @@
 
 It runs in a child of the supervisor (forked before the supervisor imports its event loop),
 reads frames from its end of the socketpair, and follows a fixed sequence; see
-gofer/protocol.py for the exchange and ARCHITECTURE.md for the overall picture.
+gofer/protocol.py for the exchange and docs/design.md for the overall picture.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from gofer import syscalls as sc
 from gofer.root import Root
 from gofer.spans import Spans
 from mounts import actions as A
+from mounts.errors import SandboxError
 
 # After pivot_root nothing can be imported (the container has no Python): import up front.
 _traceback = __import__("traceback") if os.environ.get("SANDBOX_DEBUG") else None
 
 
-class GoferError(Exception):
-    pass
+class GoferError(SandboxError):
+    """The conversation with the supervisor went wrong (EOF, a frame out of order)."""
 
 
 def _expect_start(sock: socket.socket) -> protocol.Start:
@@ -74,17 +75,22 @@ def _wait_pid1(child: int) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, forward)
     _, status = os.waitpid(child, 0)
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
-        prctl.set_pdeathsig(0)
-        os.kill(os.getpid(), sig)
-    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    # Killed by signal N: exit 128+N, the status runc reports (SIGKILL from the OOM killer
+    # gives 137). Re-raising the signal on ourselves instead would dump our core for
+    # SIGSEGV and do nothing for signals whose default is to be ignored.
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(128 - code if code < 0 else code & 0xFF)
 
 
 def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     """The whole sequence; raises on any failure (the caller reports it and exits)."""
     prctl.set_name("sandbox-gofer")
+    # Nothing the caller left open may reach the container (runc closes them too): from
+    # here on every fd above stderr is close-on-exec; our socket already is.
+    sc.cloexec_from(3)
+    # Our caller's umask must not shape what we create (device nodes are 0666, mount
+    # points 0644/0755); the container gets the spec's umask or runc's 0022 at exec.
+    os.umask(0)
     # PDEATHSIG first: if the supervisor dies from here on, we die with it; if it died
     # before (we were reparented), stop now.
     prctl.set_pdeathsig(signal.SIGKILL)
@@ -99,6 +105,8 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
 
     with spans.span("unshare"):
         flags = rootfs.enter_namespaces(spec)
+        if flags & sc.CLONE_NEWNET:
+            sc.loopback_up()
     if flags & sc.CLONE_NEWPID:
         # A new pid namespace applies to children: fork its pid 1 now, before any mount, so
         # that procfs is mounted from inside the namespace it should show.
@@ -113,7 +121,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         spans.add("fork pid 1", t)
 
     with spans.span("rootfs"):
-        root = rootfs.prepare_root(spec, start.rootfs, start.overlay_root)
+        root = rootfs.prepare_root(spec, start.rootfs, start.overlay_root, start.scratch_size)
     with spans.span("spec mounts", count=len(spec.mounts)):
         rootfs.spec_mounts(root, spec, start.bundle)
     with spans.span("devices"):
@@ -161,11 +169,10 @@ def serve(sock: socket.socket, t_spawn: int, parent: int) -> None:
     except BaseException as e:  # report every failure as one line, then exit
         if _traceback is not None:
             _traceback.print_exc()
-        msg = str(e) or type(e).__name__
-        if isinstance(e, process.ExecError):
-            code = 127
+        frame = protocol.error_frame(e)
+        code = frame.code
         try:
-            protocol.send(sock, protocol.Error(msg))
+            protocol.send(sock, frame)
         except OSError:
             pass
     os._exit(code)

@@ -1,59 +1,64 @@
-"""The container process: rlimits, cwd, user and groups, capabilities, no_new_privs, exec."""
+"""The container process, set up as runc's init does it: rlimits, a new session, user and
+groups, capabilities (none unless the spec grants them), umask, cwd, HOME, no_new_privs,
+default signal dispositions, then exec with the spec's environment only."""
 
 from __future__ import annotations
 
 import os
 import resource
 import signal
+import stat
 
 import prctl
 
 from gofer import syscalls as sc
-from mounts.spec import Process
+from mounts.errors import ExecError, ProcessError
+from mounts.spec import RLIM_MAX, Capabilities, Process
+
+NO_CAPABILITIES = Capabilities()
+DEFAULT_UMASK = 0o022  # runc's, whatever the caller's was
+MAX_PASSWD = 4 << 20
 
 
-class ProcessError(Exception):
-    pass
-
-
-class ExecError(ProcessError):
-    """execve failed: the container's command could not start (exit status 127, as shells)."""
-
-
-def _cap_numbers(names: list[str], field: str) -> list[int]:
-    caps = []
+def _cap_numbers(names: list[str], field: str) -> set[int]:
+    caps = set()
     for name in names:
         short = name.lower().removeprefix("cap_")
         if short not in prctl.ALL_CAP_NAMES:
-            raise ProcessError(f"process.capabilities.{field}: unknown capability {name!r}")
-        caps.append(getattr(prctl, "CAP_" + short.upper()))
+            raise ProcessError(f"process.capabilities.{field}: unknown capability {name!r}", code=2)
+        caps.add(getattr(prctl, "CAP_" + short.upper()))
     return caps
 
 
 def set_rlimits(proc: Process) -> None:
     for rl in proc.rlimits:
-        which = getattr(resource, rl.type, None)
-        if which is None:
-            raise ProcessError(f"process.rlimits: unknown limit {rl.type!r}")
+        which = getattr(resource, rl.type)  # the name was checked when the spec was parsed
+        # the spec's 2^64-1 is RLIM_INFINITY, which Python spells -1
+        limits = tuple(resource.RLIM_INFINITY if v == RLIM_MAX else v for v in (rl.soft, rl.hard))
         try:
-            resource.setrlimit(which, (rl.soft, rl.hard))
+            resource.setrlimit(which, limits)
         except (ValueError, OSError) as e:
-            raise ProcessError(f"process.rlimits: {rl.type}={rl.soft}/{rl.hard}: {e}") from None
+            raise ProcessError(f"process.rlimits: {rl.type} soft {rl.soft} hard {rl.hard}: "
+                               f"{getattr(e, 'strerror', None) or e}") from None
 
 
 def become(proc: Process) -> None:
-    """Switch to the spec's user with exactly the spec's capabilities.
+    """Switch to the spec's user with exactly the spec's capabilities; a spec without
+    ``capabilities`` gets none at all, as under runc (all five sets empty).
 
     Order matters: the bounding set is cut while we still hold CAP_SETPCAP; KEEPCAPS keeps
     the permitted set across setuid to a non-zero uid; then one capset(2) for effective,
     permitted and inheritable, and last ambient (needs the cap permitted and inheritable)."""
-    caps = proc.capabilities
-    if caps is not None:
-        keep = set(_cap_numbers(caps.bounding, "bounding"))
-        for cap in range(0, prctl.CAP_LAST_CAP + 1):
-            if cap not in keep:
-                prctl.capbset_drop(cap)
-        prctl.set_keepcaps(True)
+    caps = proc.capabilities or NO_CAPABILITIES
+    keep = _cap_numbers(caps.bounding, "bounding")
+    permitted = _cap_numbers(caps.permitted, "permitted")
+    inheritable = _cap_numbers(caps.inheritable, "inheritable")
+    effective = _cap_numbers(caps.effective, "effective")
+    ambient = _cap_numbers(caps.ambient, "ambient")
+    for cap in range(0, prctl.CAP_LAST_CAP + 1):
+        if cap not in keep:
+            prctl.capbset_drop(cap)
+    prctl.set_keepcaps(True)
     user = proc.user
     try:
         os.setgroups(user.additional_gids)
@@ -61,33 +66,68 @@ def become(proc: Process) -> None:
         os.setuid(user.uid)
     except OSError as e:
         raise ProcessError(f"process.user: uid {user.uid} gid {user.gid}: {e.strerror}") from None
-    if user.umask is not None:
-        os.umask(user.umask)
-    if caps is not None:
-        permitted = set(_cap_numbers(caps.permitted, "permitted"))
-        inheritable = set(_cap_numbers(caps.inheritable, "inheritable"))
-        sc.capset(set(_cap_numbers(caps.effective, "effective")), permitted, inheritable)
-        for cap in _cap_numbers(caps.ambient, "ambient"):
-            if cap in permitted and cap in inheritable:
-                sc.cap_ambient_raise(cap)
-        prctl.set_keepcaps(False)
+    sc.capset(effective, permitted, inheritable)
+    for cap in sorted(ambient & permitted & inheritable):
+        sc.cap_ambient_raise(cap)
+    prctl.set_keepcaps(False)
+
+
+def home_of(uid: int) -> str:
+    """The home directory of ``uid`` in the container's /etc/passwd, else "/" (runc's rule).
+    Read after pivot_root, resolved inside the root without magic links, non-blocking,
+    regular files only, size capped: the image's passwd is untrusted input."""
+    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = sc.openat2(root, "etc/passwd", os.O_RDONLY | os.O_NONBLOCK,
+                        sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_MAGICLINKS)
+    except OSError:
+        return "/"
+    finally:
+        os.close(root)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "/"
+        data = f.read(MAX_PASSWD)
+    for line in data.split(b"\n"):
+        fields = line.split(b":")
+        if len(fields) >= 6 and fields[2] == str(uid).encode() and fields[5]:
+            try:
+                return fields[5].decode()
+            except UnicodeDecodeError:
+                break
+    return "/"
 
 
 def exec_process(proc: Process) -> None:
-    """cwd, no_new_privs, PDEATHSIG (credential changes cleared it), then execvpe with the
-    spec's environment only: nothing of ours, nothing of the caller's."""
+    """A new session, umask, cwd, HOME, no_new_privs, PDEATHSIG (credential changes cleared
+    it), every signal back to its default and none blocked, then execvpe with the spec's
+    environment only: nothing of ours, nothing of the caller's. Every fd above 2 is already
+    close-on-exec (gofer/main.py), so nothing of the caller's reaches the container."""
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already a session leader (cannot happen for a forked child; harmless)
+    os.umask(proc.user.umask if proc.user.umask is not None else DEFAULT_UMASK)
     try:
         os.chdir(proc.cwd)
     except OSError as e:
         raise ProcessError(f"process.cwd {proc.cwd}: {e.strerror}") from None
+    env = dict(item.partition("=")[::2] for item in proc.env)
+    if "HOME" not in env:
+        env["HOME"] = home_of(proc.user.uid)
     if proc.no_new_privileges:
         prctl.set_no_new_privs(1)
     prctl.set_pdeathsig(signal.SIGKILL)
-    env = dict(item.partition("=")[::2] for item in proc.env)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
+    # Ignored signals stay ignored across execve (Python ignores SIGPIPE and SIGXFSZ; a
+    # caller may ignore more): the container starts with every disposition at its default.
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass  # signals the C library reserves (32, 33)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     try:
         os.execvpe(proc.args[0], proc.args, env)
     except OSError as e:
-        raise ExecError(f"exec {proc.args[0]}: {e.strerror}") from None
+        raise ExecError(f"exec {proc.args[0]}: {e.strerror}", op="exec", path=proc.args[0]) from None

@@ -9,7 +9,7 @@
     Device/Library/Symlink/... ------------>     each applied as it arrives
     End                        ------------>     ld.so.cache, pivot_root, masks, user
                                <------------     Ready(spans)      then exec
-                         (or)  <------------     Error(message)    then exit 1
+                         (or)  <------------     Error(message, code, op, path), then exit code
 
 Every frame is one tagged Struct (``kind``) validated on decode; a frame that does not
 decode is a ProtocolError with the reason, never a half-applied request.
@@ -24,6 +24,7 @@ import msgspec
 
 from gofer.spans import Span
 from mounts.actions import Binary, Device, Firmware, Ipc, LdCache, Library, ProcFs, Symlink
+from mounts.errors import SandboxError
 from mounts.spec import Spec
 
 _LEN = struct.Struct("<I")
@@ -36,6 +37,7 @@ class Start(msgspec.Struct, frozen=True, tag_field="kind", tag="start"):
     bundle: str
     trace: bool = False
     overlay_root: bool = False  # GPU files follow: give the whole root a private overlay first
+    scratch_size: str | None = None  # size cap of the tmpfs under our overlays (None: Root's)
 
 
 class End(msgspec.Struct, frozen=True, tag_field="kind", tag="end"):
@@ -48,7 +50,24 @@ class Ready(msgspec.Struct, frozen=True, tag_field="kind", tag="ready"):
 
 
 class Error(msgspec.Struct, frozen=True, tag_field="kind", tag="error"):
+    """Why the gofer gave up: the one-line message, the exit code the CLI should return,
+    and the operation and path where there is one (a SandboxError's fields)."""
+
     message: str
+    code: int = 1
+    op: str = ""
+    path: str = ""
+
+    def error(self) -> SandboxError:
+        return SandboxError(self.message, op=self.op, path=self.path, code=self.code)
+
+
+def error_frame(e: BaseException) -> Error:
+    """The Error frame for any exception: a SandboxError keeps its code, op and path; an
+    OSError (a SyscallError names its operation) or anything else is a plain failure."""
+    if isinstance(e, SandboxError):
+        return Error(str(e), e.exit_code, e.op, e.path)
+    return Error(str(e) or type(e).__name__, 1, getattr(e, "op", ""), getattr(e, "filename", None) or "")
 
 
 ToGofer = Start | End | Device | Library | Symlink | Binary | Firmware | Ipc | LdCache | ProcFs

@@ -22,6 +22,7 @@ import re
 import stat
 
 from gofer import syscalls as sc
+from mounts.errors import MountError
 
 O_PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 RESOLVE = sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_MAGICLINKS
@@ -31,6 +32,10 @@ ATTRS = {"ro": sc.MOUNT_ATTR_RDONLY, "nosuid": sc.MOUNT_ATTR_NOSUID, "nodev": sc
 MS = {"ro": sc.MS_RDONLY, "nosuid": sc.MS_NOSUID, "nodev": sc.MS_NODEV, "noexec": sc.MS_NOEXEC}
 
 AT_FDCWD = -100
+# The tmpfs under our overlays holds the mount points, links and ld.so.cache we add and, in
+# a writable GPU container, everything the container writes to its root: its pages are
+# host memory, so it is capped (tmpfs size=, ENOSPC past it). `sandbox run --scratch-size`.
+SCRATCH_SIZE = "256m"
 
 
 def _unescape(field: str) -> str:
@@ -56,14 +61,6 @@ def _mounts_below(host_dir: str) -> list[str]:
 USE_MOUNT_API = True
 
 
-class MountError(Exception):
-    """A mount step failed: names the container path, the operation and the reason."""
-
-    def __init__(self, target: str, message: str):
-        super().__init__(f"{target}: {message}")
-        self.target = target
-
-
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"),
                        (stat.S_ISLNK, "a symlink"), (stat.S_ISCHR, "a char device"),
@@ -76,8 +73,9 @@ def _kind(mode: int) -> str:
 class Root:
     """The rootfs at ``path`` (already a mount point in our private namespace)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, scratch_size: str | None = None):
         self.fd = os.open(path, O_PATH_DIR)
+        self.scratch_size = scratch_size or SCRATCH_SIZE
         self.writable_devs: set[int] = set()  # filesystems we may add entries to
         self.overlays: dict[tuple[int, int], int] = {}  # lower dir (dev, ino) -> overlay root fd
         self._scratch: int | None = None
@@ -157,7 +155,7 @@ class Root:
 
     def scratch(self) -> int:
         if self._scratch is None:
-            self._scratch = sc.fsmount("tmpfs", {"mode": "0700"})
+            self._scratch = sc.fsmount("tmpfs", {"mode": "0700", "size": self.scratch_size})
         return self._scratch
 
     def writable(self, dirfd: int, unsafe_path: str) -> int:

@@ -9,7 +9,8 @@ import os
 import stat
 
 from gofer import syscalls as sc
-from gofer.root import MS, MountError, Root
+from gofer.root import MS, Root
+from mounts.errors import MountError
 from mounts.spec import Device, Mount, Spec
 
 # mount(8) option -> (flags to set, flags to clear)
@@ -92,7 +93,7 @@ def enter_namespaces(spec: Spec) -> int:
     return flags
 
 
-def prepare_root(spec: Spec, rootfs: str, overlay: bool = False) -> Root:
+def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: str | None = None) -> Root:
     """Make our copy of the mount tree private, then the rootfs a mount point of its own.
 
     Propagation first: nothing we mount may leak back to the host's namespace. The rootfs
@@ -104,7 +105,7 @@ def prepare_root(spec: Spec, rootfs: str, overlay: bool = False) -> Root:
     prop = PROPAGATION.get(spec.linux.rootfs_propagation or "rprivate", sc.MS_PRIVATE | sc.MS_REC)
     sc.mount(None, "/", None, sc.MS_REC | (prop if prop & (sc.MS_PRIVATE | sc.MS_SLAVE) else sc.MS_PRIVATE))
     sc.mount(rootfs, rootfs, None, sc.MS_BIND | sc.MS_REC)
-    root = Root(rootfs)
+    root = Root(rootfs, scratch_size)
     if overlay:
         root.writable(root.fd, "/")
     return root

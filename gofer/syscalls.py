@@ -77,6 +77,14 @@ MOUNT_ATTR_NOSUID = 0x2
 MOUNT_ATTR_NODEV = 0x4
 MOUNT_ATTR_NOEXEC = 0x8
 
+# close_range(2)
+CLOSE_RANGE_CLOEXEC = 1 << 2
+
+# netdevice(7)
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+
 # prctl(2)
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_RAISE = 2
@@ -84,9 +92,11 @@ PR_CAP_AMBIENT_CLEAR_ALL = 4
 
 _NR = {
     "x86_64": {"pivot_root": 155, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-               "fsconfig": 431, "fsmount": 432, "openat2": 437, "mount_setattr": 442, "setns": 308},
+               "fsconfig": 431, "fsmount": 432, "openat2": 437, "mount_setattr": 442, "setns": 308,
+               "close_range": 436},
     "aarch64": {"pivot_root": 41, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-                "fsconfig": 431, "fsmount": 432, "openat2": 437, "mount_setattr": 442, "setns": 268},
+                "fsconfig": 431, "fsmount": 432, "openat2": 437, "mount_setattr": 442, "setns": 268,
+                "close_range": 436},
 }[os.uname().machine]
 
 _syscall = _libc.syscall
@@ -256,3 +266,32 @@ def capset(effective: set[int], permitted: set[int], inheritable: set[int]) -> N
 
 def cap_ambient_raise(cap: int) -> None:
     _check(_prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0), "prctl", f"PR_CAP_AMBIENT_RAISE {cap}")
+
+
+def cloexec_from(first: int) -> None:
+    """Mark every fd from ``first`` up close-on-exec (close_range(2) with
+    CLOSE_RANGE_CLOEXEC, Linux 5.11), walking /proc/self/fd on older kernels: whatever the
+    caller left open can then never reach the container's process."""
+    res = _retry(_syscall, ctypes.c_long(_NR["close_range"]), ctypes.c_uint(first), ctypes.c_uint(0xFFFFFFFF),
+                 ctypes.c_uint(CLOSE_RANGE_CLOEXEC))
+    if res == 0:
+        return
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd >= first:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass  # the fd listdir itself used, closed by now
+
+
+def loopback_up() -> None:
+    """Bring ``lo`` up in our (new) network namespace, as runc does for a new one."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        req = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack_from("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, req))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))

@@ -15,7 +15,7 @@ import msgspec
 
 from mounts import ldcache
 from mounts.errors import DriverError, LdCacheError
-from mounts.paths import Resolver, resolve_in_root
+from mounts.paths import LinkLoop, Resolver, resolve_in_root
 
 NVIDIA_MAJOR = 195
 CTL_MINOR, MODESET_MINOR = 255, 254
@@ -29,8 +29,10 @@ CUDA_BY_BRANCH = (
     (565, "12.7"), (570, "12.8"), (575, "12.9"), (580, "13.0"),
 )
 BIN_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin")
-_VERSION_RE = re.compile(r"Kernel Module\s+(?:for \S+\s+)?(\d+\.\d+(?:\.\d+)?)")
-_LIB_VERSION_RE = re.compile(r"^lib(?:cuda|nvidia-ml)\.so\.(\d+\.\d+(?:\.\d+)?)$")
+# ASCII digits only, and few of them: int() takes "١" and "０", and refuses 5,000 digits.
+_VERSION_RE = re.compile(r"Kernel Module\s+(?:for \S+\s+)?([0-9]{1,6}\.[0-9]{1,6}(?:\.[0-9]{1,6})?)")
+_LIB_VERSION_RE = re.compile(r"^lib(?:cuda|nvidia-ml)\.so\.([0-9]{1,6}\.[0-9]{1,6}(?:\.[0-9]{1,6})?)$")
+_NUMBER = re.compile(r"[0-9]{1,9}")
 
 
 class Gpu(msgspec.Struct, frozen=True):
@@ -79,25 +81,67 @@ class Inventory(msgspec.Struct, frozen=True):
         return resolve_in_root(self.root, rel)
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
+MAX_TEXT = 1 << 20  # a /proc file of the driver is a few hundred bytes
+MAX_CACHE = 64 << 20  # a host's ld.so.cache is well under a MiB
+
+
+def read_file(root: str, rel: str, limit: int = MAX_TEXT) -> tuple[str, bytes] | None:
+    """(host path, content) of ``rel`` inside ``root`` (links resolved as if ``root`` were
+    "/"), or None when it does not exist. Anything but a regular file of at most ``limit``
+    bytes is a DriverError naming the path: a FIFO would block, a device such as /dev/zero
+    never end. Opened non-blocking, without following a last link, no controlling tty."""
+    path = resolve_in_root(root, rel)
+    if path is None:
         return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise DriverError(f"{path}: cannot read: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise DriverError(f"{path}: expected a regular file, found {_kind(mode)}")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise DriverError(f"{path}: larger than {limit} bytes: not a driver file")
+    return path, data
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a char device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def _text(root: str, rel: str) -> str | None:
+    found = read_file(root, rel)
+    return found[1].decode("utf-8", "replace") if found else None
 
 
 def _version(root: str, dev_root: str, cache: list[ldcache.Entry], resolver: Resolver) -> str:
-    text = _read(os.path.join(dev_root, "proc/driver/nvidia/version"))
-    if text:
-        m = _VERSION_RE.search(text)
-        if m:
-            return m.group(1)
+    """The kernel module's version from /proc, else the version in libcuda's or
+    libnvidia-ml's file name. When both are there they must agree: a /proc version that
+    no library carries would give a GPU container without libraries, silently."""
+    lib_version = lib_name = None
     for e in cache:
-        found = resolver.file(e.value)
+        found = _resolve_lib(resolver, e)
         m = _LIB_VERSION_RE.match(found[0].rpartition("/")[2]) if found else None
         if m:
-            return m.group(1)
+            lib_version, lib_name = m.group(1), found[0]
+            break
+    text = _text(dev_root, "proc/driver/nvidia/version")
+    m = _VERSION_RE.search(text) if text else None
+    if m:
+        if lib_version is not None and lib_version != m.group(1):
+            raise DriverError(f"{dev_root}/proc/driver/nvidia/version: kernel module {m.group(1)} does not "
+                              f"match the driver's libraries ({lib_name} is {lib_version})")
+        return m.group(1)
+    if lib_version is not None:
+        return lib_version
     raise DriverError(f"{root}: no NVIDIA driver found (no proc/driver/nvidia/version, "
                       "no libcuda.so.<version> or libnvidia-ml.so.<version> in etc/ld.so.cache)")
 
@@ -112,7 +156,9 @@ def cuda_version(driver_version: str) -> str | None:
 
 
 def _gpus(root: str) -> list[Gpu]:
-    base = os.path.join(root, "proc/driver/nvidia/gpus")
+    base = resolve_in_root(root, "proc/driver/nvidia/gpus")
+    if base is None:
+        return []
     try:
         busids = sorted(os.listdir(base))
     except OSError:
@@ -121,14 +167,13 @@ def _gpus(root: str) -> list[Gpu]:
     for index, busid in enumerate(busids):
         info_path = os.path.join(base, busid, "information")
         info = {}
-        for line in (_read(info_path) or "").splitlines():
+        for line in (_text(root, f"proc/driver/nvidia/gpus/{busid}/information") or "").splitlines():
             key, sep, value = line.partition(":")
             if sep:
                 info[key.strip()] = value.strip()
-        try:
-            minor = int(info["Device Minor"])
-        except (KeyError, ValueError):
-            raise DriverError(f"{info_path}: no valid 'Device Minor:' line") from None
+        if not _NUMBER.fullmatch(info.get("Device Minor", "")):
+            raise DriverError(f"{info_path}: no valid 'Device Minor:' line")
+        minor = int(info["Device Minor"])
         gpus.append(Gpu(index, minor, info.get("GPU UUID", ""), info.get("Bus Location", busid).lower(),
                         info.get("Model", "")))
     return gpus
@@ -136,11 +181,11 @@ def _gpus(root: str) -> list[Gpu]:
 
 def _majors(root: str) -> dict[str, int]:
     majors = {}
-    for line in (_read(os.path.join(root, "proc/devices")) or "").splitlines():
+    for line in (_text(root, "proc/devices") or "").splitlines():
         if line.startswith("Block"):
             break
         num, _, name = line.strip().partition(" ")
-        if num.isdigit():
+        if _NUMBER.fullmatch(num):
             majors[name.strip()] = int(num)
     return majors
 
@@ -156,7 +201,7 @@ def _devices(root: str, gpus: list[Gpu], majors: dict[str, int]) -> dict[str, De
     caps_dir = os.path.join(root, "dev/nvidia-caps")
     if "nvidia-caps" in majors and os.path.isdir(caps_dir):
         for name in sorted(os.listdir(caps_dir)):
-            m = re.fullmatch(r"nvidia-cap(\d+)", name)
+            m = re.fullmatch(r"nvidia-cap([0-9]{1,9})", name)
             if m:
                 wanted[f"nvidia-caps/{name}"] = (majors["nvidia-caps"], int(m.group(1)))
     found = {}
@@ -174,11 +219,26 @@ def _devices(root: str, gpus: list[Gpu], majors: dict[str, int]) -> dict[str, De
     return found
 
 
+_NVIDIA_KEY = re.compile(r"lib(?:cuda|nv|.*nvidia)")
+
+
+def _resolve_lib(resolver: Resolver, e: ldcache.Entry) -> tuple[str, int] | None:
+    """The file a cache entry names. A link loop is an error for a driver library (it would
+    be dropped from every container without a word) and a skip for anything else."""
+    try:
+        return resolver.file(e.value)
+    except LinkLoop:
+        if _NVIDIA_KEY.match(e.key):
+            raise DriverError(f"{resolver.root}{e.value}: symbolic links loop (library {e.key} "
+                              "of the driver cannot be resolved)") from None
+        return None
+
+
 def _libraries(cache: list[ldcache.Entry], version: str, resolver: Resolver) -> list[DriverLib]:
     libs, seen = [], set()
     suffix = "." + version
     for e in cache:
-        found = resolver.file(e.value)
+        found = _resolve_lib(resolver, e)
         if found is None or not found[0].endswith(suffix) or (e.key, e.flags) in seen:
             continue
         path, mode = found
@@ -208,11 +268,11 @@ def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
     for path, what in ((root, "driver root"), (dev_root, "device root")):
         if not os.path.isdir(path):
             raise DriverError(f"{path}: {what} is not a directory")
-    cache_path = resolve_in_root(root, "etc/ld.so.cache")
-    if cache_path is None:
+    found = read_file(root, "etc/ld.so.cache", MAX_CACHE)
+    if found is None:
         raise DriverError(f"{root}: no etc/ld.so.cache under the driver root")
     try:
-        cache = ldcache.read(cache_path)
+        cache = ldcache.parse(*found[::-1])
     except LdCacheError as e:
         raise DriverError(str(e)) from None
     resolver = Resolver(root)  # shared: the version fallback and the libraries resolve the same files

@@ -47,20 +47,25 @@ def read_elf(path: str) -> ElfInfo:
         if head[:4] != b"\x7fELF":
             raise ElfError("not an ELF file (bad magic)")
         if len(head) > 16 and head[5] == 1 and head[4] in _LAYOUT:
-            return _read_le(fd, head, head[4])
+            return _read_le(fd, head, head[4], os.fstat(fd).st_size)
         with os.fdopen(os.dup(fd), "rb") as f:
             return read_elf_pyelftools(f)
     except OSError as e:
         raise ElfError(f"{path}: cannot read: {e.strerror}") from None
     except ElfError as e:
         raise ElfError(f"{path}: {e}") from None
-    except (struct.error, ValueError, UnicodeDecodeError) as e:
-        raise ElfError(f"{path}: truncated or malformed ELF file: {e}") from None
+    except (struct.error, ValueError, UnicodeDecodeError, OverflowError, MemoryError) as e:
+        raise ElfError(f"{path}: truncated or malformed ELF file: {e or type(e).__name__}") from None
     finally:
         os.close(fd)
 
 
-def _pread(fd: int, size: int, offset: int, head: bytes, what: str) -> bytes:
+def _pread(fd: int, size: int, offset: int, head: bytes, what: str, fsize: int) -> bytes:
+    """``size`` bytes at ``offset``; every offset and size comes from the file, so both are
+    checked against the file's size before anything is read or allocated."""
+    if size < 0 or offset < 0 or offset + size > fsize:
+        raise ElfError(f"truncated or malformed ELF file: {what} ({size} bytes at {offset}) lies "
+                       f"outside the file ({fsize} bytes)")
     if offset + size <= len(head):
         return head[offset:offset + size]
     data = os.pread(fd, size, offset)
@@ -69,13 +74,13 @@ def _pread(fd: int, size: int, offset: int, head: bytes, what: str) -> bytes:
     return data
 
 
-def _read_le(fd: int, head: bytes, cls: int) -> ElfInfo:
+def _read_le(fd: int, head: bytes, cls: int, fsize: int) -> ElfInfo:
     ehdr, phdr, dyn = _LAYOUT[cls]
     hdr = ehdr.unpack_from(head, 16)
     machine, phoff, phentsize, phnum = hdr[1], hdr[4], hdr[8], hdr[9]
     if phentsize != phdr.size:
         raise ElfError(f"unexpected program header size {phentsize}")
-    table = _pread(fd, phnum * phentsize, phoff, head, "program headers")
+    table = _pread(fd, phnum * phentsize, phoff, head, "program headers", fsize)
     loads, dynamic = [], None
     for ph in phdr.iter_unpack(table):
         if cls == 1:  # p_type, p_offset, p_vaddr, p_paddr, p_filesz, ...
@@ -88,12 +93,12 @@ def _read_le(fd: int, head: bytes, cls: int) -> ElfInfo:
             dynamic = (p_offset, p_filesz)
     tags: list[tuple[int, int]] = []
     if dynamic is not None:
-        data = _pread(fd, dynamic[1] - dynamic[1] % dyn.size, dynamic[0], head, "PT_DYNAMIC")
+        data = _pread(fd, dynamic[1] - dynamic[1] % dyn.size, dynamic[0], head, "PT_DYNAMIC", fsize)
         words = memoryview(data).cast("q" if cls == 2 else "i").tolist()  # d_tag, d_val, ...
         kinds = words[0::2]
         end = kinds.index(DT_NULL) if DT_NULL in kinds else len(kinds)
         tags = list(zip(kinds[:end], words[1:2 * end:2], strict=True))
-    return _resolve(lambda off, size: _pread(fd, size, off, head, "the dynamic string table"),
+    return _resolve(lambda off, size: _pread(fd, size, off, head, "the dynamic string table", fsize),
                     cls * 32, MACHINES.get(machine, str(machine)), tags, loads)
 
 
@@ -131,6 +136,7 @@ def read_elf_pyelftools(f) -> ElfInfo:
 
     code = {"DT_NEEDED": DT_NEEDED, "DT_STRTAB": DT_STRTAB, "DT_STRSZ": DT_STRSZ, "DT_SONAME": DT_SONAME}
     try:
+        fsize = os.fstat(f.fileno()).st_size
         f.seek(0)
         elf = ELFFile(f)
         structs = elf.structs
@@ -140,6 +146,8 @@ def read_elf_pyelftools(f) -> ElfInfo:
             if ph.p_type == "PT_LOAD":
                 loads.append((ph.p_vaddr, ph.p_filesz, ph.p_offset))
             elif ph.p_type == "PT_DYNAMIC":
+                if ph.p_offset + ph.p_filesz > fsize:
+                    raise ElfError("truncated ELF file: PT_DYNAMIC ends past the end of the file")
                 size = structs.Elf_Dyn.sizeof()
                 for j in range(ph.p_filesz // size):
                     d = struct_parse(structs.Elf_Dyn, f, ph.p_offset + j * size)

@@ -1,10 +1,22 @@
-"""Typed errors of the computation side. Each prints as one line a user can act on."""
+"""The one error model of all three packages. Every error a user can meet is a SandboxError:
+it prints as one line a user can act on (what, which file, field or path, why) and carries the
+exit code the CLI returns. Nothing below the CLI prints or exits (docs/design.md, "Errors")."""
 
 
 class SandboxError(Exception):
-    """Base of every error the CLI turns into a one-line message and an exit code."""
+    """Base of every error the CLI turns into a one-line message and an exit code.
+
+    ``op`` and ``path`` name the failed operation and the path it was about, where there is
+    one: the gofer sends both across the process boundary in its Error frame."""
 
     exit_code = 1
+
+    def __init__(self, message: str, *, op: str = "", path: str = "", code: int | None = None):
+        super().__init__(message)
+        self.op = op
+        self.path = path
+        if code is not None:
+            self.exit_code = code
 
 
 class BundleError(SandboxError):
@@ -29,3 +41,23 @@ class LdCacheError(SandboxError):
 
 class ElfError(SandboxError):
     """An ELF file is truncated or malformed: names the file."""
+
+
+class MountError(SandboxError):
+    """A step that changes the container's view failed: names the container path, the
+    operation and the reason."""
+
+    def __init__(self, target: str, message: str, op: str = "mount"):
+        super().__init__(f"{target}: {message}", op=op, path=target)
+        self.target = target
+
+
+class ProcessError(SandboxError):
+    """The container's process could not be set up as the spec asks (user, capabilities,
+    rlimits, cwd)."""
+
+
+class ExecError(ProcessError):
+    """execve failed: the container's command could not start (exit status 127, as shells)."""
+
+    exit_code = 127

@@ -13,10 +13,22 @@ import stat
 MAX_LINKS = 40
 
 
+class LinkLoop(Exception):
+    """Resolving a path met more than MAX_LINKS symlinks (a loop)."""
+
+
 def resolve_in_root(root: str, path: str) -> str | None:
     """Host path of ``path`` (absolute or relative, inside ``root``), symlinks followed as if
     ``root`` were ``/`` and ``..`` clamped at ``root``. None if a component is missing or
     the links loop."""
+    try:
+        return _resolve(root, path)
+    except LinkLoop:
+        return None
+
+
+def _resolve(root: str, path: str) -> str | None:
+    """resolve_in_root, with a loop raised as LinkLoop rather than taken for absence."""
     parts = [p for p in path.split("/") if p not in ("", ".")]
     done: list[str] = []
     links = 0
@@ -34,7 +46,7 @@ def resolve_in_root(root: str, path: str) -> str | None:
         if stat.S_ISLNK(st.st_mode):
             links += 1
             if links > MAX_LINKS:
-                return None
+                raise LinkLoop(path)
             target = os.readlink(candidate)
             if target.startswith("/"):
                 done = []
@@ -57,7 +69,8 @@ class Resolver:
         self._dirs: dict[str, str | None] = {}
 
     def file(self, path: str) -> tuple[str, int] | None:
-        """(host path, st_mode of the file found) for ``path`` inside the root, or None."""
+        """(host path, st_mode of the file found) for ``path`` inside the root, or None if it
+        does not exist. Links that loop raise LinkLoop."""
         head, _, name = path.rstrip("/").rpartition("/")
         if head not in self._dirs:
             self._dirs[head] = resolve_in_root(self.root, head)
@@ -75,10 +88,10 @@ class Resolver:
             if "/" in target or target in (".", ".."):
                 return self._slow(path)
             name = target
-        return None
+        raise LinkLoop(path)
 
     def _slow(self, path: str) -> tuple[str, int] | None:
-        host = resolve_in_root(self.root, path)
+        host = _resolve(self.root, path)
         if host is None:
             return None
         try:

@@ -9,6 +9,7 @@ last the ld.so.cache that needs every library.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 
 import msgspec
@@ -88,24 +89,26 @@ def select_gpus(request: GpuRequest, inventory: Inventory) -> list[Gpu]:
     return chosen
 
 
-def _norm_busid(busid: str) -> str:
-    domain, _, rest = busid.lower().rpartition(":")[0].partition(":")
-    tail = busid.lower().rpartition(":")[2]
-    return f"{int(domain, 16):08x}:{rest}:{tail}" if rest else busid.lower()
+_INDEX = re.compile(r"[0-9]{1,9}")  # ASCII only: int() would take "١", "０" and "²" too
+_BUSID = re.compile(r"([0-9a-f]{1,8}):([0-9a-f]{2}:[0-9a-f]{2}\.[0-7])")
+
+
+def _norm_busid(busid: str) -> str | None:
+    """A PCI bus id with its domain widened to 8 digits (0000:3b:00.0 -> 00000000:3b:00.0)."""
+    m = _BUSID.fullmatch(busid.lower())
+    return f"{int(m.group(1), 16):08x}:{m.group(2)}" if m else None
 
 
 def _find_gpu(entry: str, gpus: list[Gpu], by_minor: bool) -> Gpu | None:
+    index = int(entry) if _INDEX.fullmatch(entry) else None
+    busid = _norm_busid(entry) if entry.count(":") == 2 else None
     for g in gpus:
-        if entry.isdigit() and int(entry) == (g.minor if by_minor else g.index):
+        if index is not None and index == (g.minor if by_minor else g.index):
             return g
         if entry.upper().startswith("GPU-") and entry.lower() == g.uuid.lower():
             return g
-        if entry.count(":") == 2:
-            try:
-                if _norm_busid(entry) == _norm_busid(g.busid):
-                    return g
-            except ValueError:
-                return None
+        if busid is not None and busid == _norm_busid(g.busid):
+            return g
     return None
 
 

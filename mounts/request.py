@@ -17,7 +17,8 @@ from mounts.spec import Spec
 
 CAPABILITIES = ("compute", "utility", "video", "graphics", "display", "ngx", "compat32")
 DEFAULT_CAPABILITIES = frozenset({"compute", "utility"})
-NVIDIA_DEV = re.compile(r"/dev/nvidia(\d+)")
+NVIDIA_DEV = re.compile(r"/dev/nvidia([0-9]{1,9})")
+_VERSION = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9}){0,3}")
 
 
 class GpuRequest(msgspec.Struct, frozen=True):
@@ -31,13 +32,11 @@ def parse_capabilities(value: str | None, where: str = "NVIDIA_DRIVER_CAPABILITI
     if value is None or value.strip() == "":
         return DEFAULT_CAPABILITIES
     caps = {c.strip() for c in value.split(",") if c.strip()}
-    if "all" in caps:
-        return frozenset(CAPABILITIES)
-    unknown = sorted(caps - set(CAPABILITIES))
-    if unknown:
+    unknown = sorted(caps - set(CAPABILITIES) - {"all"})
+    if unknown:  # checked before "all": all,foo is as wrong as foo
         raise RequestError(f"{where}: unknown capability {unknown[0]!r} "
                            f"(expected a comma list of {', '.join(CAPABILITIES)} or all)")
-    return frozenset(caps)
+    return frozenset(CAPABILITIES) if "all" in caps else frozenset(caps)
 
 
 def parse_devices(value: str) -> tuple[str, ...]:
@@ -96,7 +95,7 @@ def gpu_request(spec: Spec, gpus: str | None = None, capabilities: str | None = 
                 requirements.append((name, value))
         if legacy:
             cuda = env("CUDA_VERSION") or ""
-            m = re.match(r"(\d+)\.(\d+)", cuda)
+            m = re.match(r"([0-9]{1,9})\.([0-9]{1,9})", cuda)
             if not m:
                 raise RequestError(f"CUDA_VERSION: {cuda!r} is not a version (major.minor)")
             requirements.append(("CUDA_VERSION", f"cuda>={m.group(1)}.{m.group(2)}"))
@@ -118,10 +117,9 @@ _COND = re.compile(r"^(cuda|driver|arch|brand)(>=|<=|!=|==|=|>|<)(.+)$")
 
 
 def _version_tuple(v: str, where: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in v.split("."))
-    except ValueError:
-        raise RequestError(f"{where}: {v!r} is not a version") from None
+    if not _VERSION.fullmatch(v):
+        raise RequestError(f"{where}: {v!r} is not a version")
+    return tuple(int(x) for x in v.split("."))
 
 
 def brand_of(model: str) -> str:

@@ -7,7 +7,7 @@ listed by ``unenforced()`` so the CLI can name them once in a warning, never dro
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -40,7 +40,7 @@ class Rlimit(_S):
 
 
 class Process(_S):
-    args: list[str]
+    args: Annotated[list[str], msgspec.Meta(min_length=1)]
     cwd: str = "/"
     env: list[str] = []
     terminal: bool = False
@@ -153,13 +153,70 @@ _UNENFORCED_PROCESS = (("apparmor_profile", "apparmorProfile"), ("selinux_label"
 _decoder = msgspec.json.Decoder(Spec)
 
 
+UINT32_MAX = (1 << 32) - 1
+RLIM_MAX = (1 << 64) - 1  # RLIM_INFINITY as the spec writes it ("unlimited")
+RLIMITS = frozenset(
+    "RLIMIT_AS RLIMIT_CORE RLIMIT_CPU RLIMIT_DATA RLIMIT_FSIZE RLIMIT_LOCKS RLIMIT_MEMLOCK "
+    "RLIMIT_MSGQUEUE RLIMIT_NICE RLIMIT_NOFILE RLIMIT_NPROC RLIMIT_RSS RLIMIT_RTPRIO "
+    "RLIMIT_RTTIME RLIMIT_SIGPENDING RLIMIT_STACK".split())
+
+
 def parse_spec(data: bytes, path: str = "config.json") -> Spec:
     try:
-        return _decoder.decode(data)
+        spec = _decoder.decode(data)
     except msgspec.ValidationError as e:
         raise BundleError(f"{path}: {e}") from None
     except msgspec.DecodeError as e:
         raise BundleError(f"{path}: invalid JSON: {e}") from None
+    except RecursionError:
+        raise BundleError(f"{path}: invalid JSON: nested too deeply") from None
+    _validate(spec, path)
+    if b"\\u0000" in data:  # JSON can carry a NUL only escaped: find the field it is in
+        _no_nul(msgspec.to_builtins(spec), path, "$")
+    return spec
+
+
+def _validate(spec: Spec, path: str) -> None:
+    """What msgspec's types cannot say: the numeric ranges the kernel takes (runc's types
+    are uint32 and uint64; a bigger number is an error here, never an overflow later)."""
+    def check(value: int, lo: int, hi: int, field: str) -> None:
+        if not lo <= value <= hi:
+            raise BundleError(f"{path}: {field}: {value} is out of range ({lo}..{hi})")
+
+    proc = spec.process
+    if proc is not None:
+        check(proc.user.uid, 0, UINT32_MAX, "process.user.uid")
+        check(proc.user.gid, 0, UINT32_MAX, "process.user.gid")
+        for i, gid in enumerate(proc.user.additional_gids):
+            check(gid, 0, UINT32_MAX, f"process.user.additionalGids[{i}]")
+        if proc.user.umask is not None:
+            check(proc.user.umask, 0, 0o7777, "process.user.umask")
+        for i, rl in enumerate(proc.rlimits):
+            if rl.type not in RLIMITS:
+                raise BundleError(f"{path}: process.rlimits[{i}].type: unknown limit {rl.type!r}")
+            check(rl.soft, 0, RLIM_MAX, f"process.rlimits[{i}].soft")
+            check(rl.hard, 0, RLIM_MAX, f"process.rlimits[{i}].hard")
+    for i, d in enumerate(spec.linux.devices):
+        for name in ("major", "minor", "uid", "gid"):
+            value = getattr(d, name)
+            if value is not None:
+                check(value, 0, UINT32_MAX, f"linux.devices[{i}].{name}")
+        if d.file_mode is not None:
+            check(d.file_mode, 0, 0o7777, f"linux.devices[{i}].fileMode")
+
+
+def _no_nul(obj, path: str, where: str) -> None:
+    """A NUL cannot pass through execve, mount(2) or a path: name the field that has one."""
+    if isinstance(obj, str):
+        if "\0" in obj:
+            raise BundleError(f"{path}: {where}: contains a NUL character")
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            _no_nul(key, path, where)
+            _no_nul(value, path, f"{where}.{key}")
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            _no_nul(value, path, f"{where}[{i}]")
 
 
 class Bundle(msgspec.Struct, frozen=True):
@@ -180,7 +237,12 @@ def load_bundle(path: str) -> Bundle:
     except OSError as e:
         raise BundleError(f"{config}: cannot read: {e.strerror}") from None
     spec = parse_spec(data, config)
-    rootfs = os.path.join(bundle, spec.root.path)
+    # runc's rule: the rootfs, relative to the bundle as the kernel resolves it, may not be
+    # reached through a symlink (what the caller validated must be what gets mounted)
+    rootfs = os.path.normpath(os.path.join(os.path.realpath(bundle), spec.root.path))
     if not os.path.isdir(rootfs):
         raise BundleError(f"{config}: root.path {spec.root.path!r} is not a directory")
-    return Bundle(bundle, spec, os.path.realpath(rootfs))
+    if os.path.realpath(rootfs) != rootfs:
+        raise BundleError(f"{config}: root.path {spec.root.path!r} is reached through a symlink "
+                          f"({rootfs} -> {os.path.realpath(rootfs)}); give the real path")
+    return Bundle(bundle, spec, rootfs)

@@ -23,6 +23,16 @@ def _gpu_options(p) -> None:
     p.add_argument("--capabilities", help="override NVIDIA_DRIVER_CAPABILITIES")
 
 
+def _size(value: str) -> str:
+    """A tmpfs size= value: bytes with an optional k/m/g suffix, or a percentage of RAM."""
+    import argparse
+    import re
+
+    if not re.fullmatch(r"[0-9]{1,15}[kKmMgG%]?", value) or int(value.rstrip("kKmMgG%")) == 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a size (such as 256m, 2g or 10%)")
+    return value
+
+
 def parser():
     import argparse  # here, not at the top: the hook's fast path never needs it
 
@@ -40,6 +50,8 @@ def parser():
     p.add_argument("--id", help="container id (default: the bundle directory's name)")
     p.add_argument("--root", default="/run/sandbox", help="state directory (default /run/sandbox)")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace-event JSON of the startup")
+    p.add_argument("--scratch-size", type=_size, metavar="SIZE",
+                   help="cap of the tmpfs holding a GPU container's writes to its root (default 256m)")
 
     p = sub.add_parser("trace", help=VERBS["trace"])
     p.add_argument("file")

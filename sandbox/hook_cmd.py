@@ -55,7 +55,12 @@ def main(args) -> int:
 
 
 def run_hook(args) -> int:
-    os.chdir("/")  # never work from inside the container's rootfs
+    # Paths given relative to where the runtime started us mean that, not "/"; then never
+    # work from inside the container's rootfs (CVE-2025-23266: cwd in the rootfs).
+    for name in ("driver_root", "dev_root", "trace"):
+        if getattr(args, name):
+            setattr(args, name, os.path.abspath(getattr(args, name)))
+    os.chdir("/")
     from gofer.spans import Spans
     from mounts.spec import load_bundle
     from sandbox.api import apply_plan, plan_bundle

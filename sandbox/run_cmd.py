@@ -67,6 +67,8 @@ def main(args, gofer: Gofer | None = None) -> int:
     state = None
     waited = False
     try:
+        if args.trace and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
+            raise SandboxError(f"--trace {args.trace}: its directory does not exist")
         spans = Spans(bool(args.trace), os.getpid())
         spans.add("imports + argv", t0)
         error = None
@@ -83,7 +85,7 @@ def main(args, gofer: Gofer | None = None) -> int:
         replies = read_replies(ours)  # until the container exec'd, or the gofer gave up
         ours.close()
         spans.add("wait for exec", t)
-        failure = next((m.message for m in replies if isinstance(m, protocol.Error)), None)
+        failure = next((m.error() for m in replies if isinstance(m, protocol.Error)), None)
         ready = next((m for m in replies if isinstance(m, protocol.Ready)), None)
         if ready is not None and failure is None and error is None:
             state.running(ready.pid)
@@ -104,11 +106,9 @@ def main(args, gofer: Gofer | None = None) -> int:
         code = exit_code(status)
         if failure is None and ready is None:
             how = f"was killed by signal {code - 128}" if code > 128 else f"exited with status {code}"
-            failure = f"the gofer {how} before the container started"
+            failure = SandboxError(f"the gofer {how} before the container started")
         if failure is not None:
-            err = SandboxError(failure)
-            err.exit_code = code or 1  # 127 when exec failed
-            raise err
+            raise failure
         return code
     finally:
         if state is not None:

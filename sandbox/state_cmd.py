@@ -35,8 +35,11 @@ def main(args) -> int:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(state).decode(), indent=2) + "\n")
         return 0
     name = args.signal.upper()
-    signum = int(name) if name.isdigit() else getattr(signal, name if name.startswith("SIG") else "SIG" + name, None)
-    if signum is None:
+    if name.isascii() and name.isdigit() and len(name) <= 3:
+        signum = int(name)
+    else:
+        signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name, None)
+    if not isinstance(signum, int) or signum not in signal.valid_signals():
         raise SandboxError(f"kill: unknown signal {args.signal!r}")
     try:
         os.kill(state.pid, signum)

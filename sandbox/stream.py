@@ -25,7 +25,7 @@ def stream_plan(args, sock: socket.socket, spans: Spans) -> None:
     for name in bundle.spec.unenforced():
         print(f"sandbox run: warning: {name} is set in config.json but not enforced", file=sys.stderr)
     protocol.send(sock, protocol.Start(bundle.spec, bundle.rootfs, bundle.path, spans.enabled,
-                                       overlay_root=request is not None))
+                                       overlay_root=request is not None, scratch_size=args.scratch_size))
     if request is not None:
         from mounts.driver import discover
         from mounts.plan import iter_plan, layout_of

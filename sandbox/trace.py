@@ -32,8 +32,14 @@ def write_trace(path: str, spans: list[Span]) -> None:
     events = [Event("process_name", "M", pid, args={"name": name}) for pid, name in names.items()]
     events += [Event(s.name, "X", s.pid, 0, (s.start_ns - origin) / 1e3, (s.end_ns - s.start_ns) / 1e3, s.args)
                for s in spans]
-    with open(path, "wb") as f:
-        f.write(msgspec.json.encode(Trace(events, otherData={"origin_monotonic_ns": origin})))
+    data = msgspec.json.encode(Trace(events, otherData={"origin_monotonic_ns": origin}))
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        from mounts.errors import SandboxError
+
+        raise SandboxError(f"--trace {path}: cannot write the trace: {e.strerror}") from None
 
 
 def read_trace(path: str) -> list[Event]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import fixtures
@@ -100,14 +101,34 @@ def test_unenforced_fields_are_named_once(make_bundle, tmp_path):
 
 @pytest.mark.parametrize("tool", ["runc", "crun"])
 def test_accepts_what_runc_and_crun_spec_write(tool, tmp_path, rootfs_debian):
-    """`runc spec` / `crun spec` output, unchanged: terminal true (no console socket: the
-    caller's stdio is used) and args ["sh"], which exits at once on an empty stdin."""
+    """`runc spec` / `crun spec` output, unchanged but for an absolute root.path (a rootfs
+    reached through a symlink is refused, as runc refuses it): terminal true (no console
+    socket: the caller's stdio is used) and args ["sh"], which exits at once on an empty stdin."""
+    import json
     import subprocess
 
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     subprocess.run([tool, "spec"], cwd=bundle, check=True)
-    (bundle / "rootfs").symlink_to(rootfs_debian)
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["root"]["path"] = str(rootfs_debian)
+    (bundle / "config.json").write_text(json.dumps(spec))
     r = sandbox("run", bundle, "--root", tmp_path / "state", stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
     assert all("warning" in line for line in r.stderr.splitlines())
+
+
+def test_symlinked_rootfs_is_refused_as_runc_refuses_it(make_bundle, tmp_path, rootfs_debian):
+    import subprocess
+
+    bundle = make_bundle(["true"])
+    (bundle / "rootfs").symlink_to(rootfs_debian)
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["root"]["path"] = "rootfs"
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = sandbox("run", bundle, "--root", tmp_path / "state")
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "reached through a symlink" in r.stderr, r.stderr
+    theirs = subprocess.run(["runc", "--root", tmp_path / "runc", "run", "symlinked"], cwd=bundle,
+                            capture_output=True, text=True)
+    assert theirs.returncode != 0 and "symlink" in theirs.stderr, theirs.stderr
