@@ -235,7 +235,9 @@ def synthetic_driver(n_libs: int, n_gpus: int = 2, version: str = "999.1.2") -> 
 
 # --- container root filesystems ----------------------------------------------------------
 
-BUSYBOX_APPLETS = "sh ls cat echo true false sleep readlink stat id hostname test env mount grep wc".split()
+BUSYBOX_APPLETS = ("sh ls cat echo true false sleep readlink stat id hostname test env mount grep wc "
+                   "mknod umount touch kill cut mkdir rm printf ps head").split()
+ROOTFS_REV = 2  # bump when what rootfs() builds changes: the cached roots are rebuilt
 GLIBC = ("ld-linux-x86-64.so.2 libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1").split()
 CUDACHECK = r"""
 #include <dlfcn.h>
@@ -255,7 +257,7 @@ int main(int argc, char **argv) {
 def rootfs(style: str = "debian") -> Path:
     """A small container root: glibc from the host, busybox, cudacheck. style: debian|lib64."""
     assert style in ("debian", "lib64")
-    root = CACHE / f"rootfs-{style}"
+    root = CACHE / f"rootfs-{style}-v{ROOTFS_REV}"
     if _done(root):
         return root
     tmp = _fresh(root)

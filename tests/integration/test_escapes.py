@@ -1,0 +1,75 @@
+"""The two ways out of the container that runc does not have, each tried as an escape: the
+test attempts it from inside and proves that it fails and that the host is untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.helpers import mount_table, tree
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+
+FD = 57  # a number of its own: pytest's capture holds the low ones
+
+
+def _run_with_fd(bundle, tmp_path, target, *extra) -> subprocess.CompletedProcess:
+    """sandbox run with fd FD open on ``target`` in the caller, as `(exec 57</; sandbox run)`."""
+    opened = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+    os.dup2(opened, FD, inheritable=True)
+    os.close(opened)
+    try:
+        return subprocess.run([sys.executable, "-m", "sandbox.cli", "run", str(bundle), "--root",
+                               str(tmp_path / "state"), *map(str, extra)], pass_fds=(FD,),
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(FD)
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_callers_fds_do_not_reach_the_container(gpu, make_bundle, tmp_path, driver_root, rootfs_debian):
+    """An fd open on a host directory: the container may neither list it nor use it."""
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "secret").write_text("host data\n")
+    script = (f"ls /proc/self/fd; cat /proc/self/fd/{FD}/secret && echo READ-HOST; "
+              f"echo pwned > /proc/self/fd/{FD}/planted && echo WROTE-HOST; true")
+    bundle = make_bundle(["sh", "-c", script], ["NVIDIA_VISIBLE_DEVICES=all"] if gpu else [])
+    before = (mount_table(), tree(rootfs_debian))
+    r = _run_with_fd(bundle, tmp_path, host, "--driver-root", driver_root)
+    assert r.returncode == 0, r.stderr
+    fds = r.stdout.split()
+    assert fds[:3] == ["0", "1", "2"] and str(FD) not in fds, r.stdout
+    assert "READ-HOST" not in r.stdout and "WROTE-HOST" not in r.stdout, r.stdout
+    assert sorted(os.listdir(host)) == ["secret"]
+    assert (mount_table(), tree(rootfs_debian)) == before
+
+
+def test_no_capabilities_field_means_no_capabilities(make_bundle, tmp_path, rootfs_debian):
+    """A spec without process.capabilities (optional in the OCI spec): runc grants none. With
+    all of them the container could mknod a disk, remount the read-only root writable and
+    write into the image, and unmount the /proc/kcore mask; here every one of those fails."""
+    script = ("grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb)' /proc/self/status; "
+              "mknod /dev/sda0 b 8 0 && echo MKNOD-OK; "
+              "mount -o remount,rw / && echo REMOUNT-OK; touch /planted && echo WROTE-IMAGE; "
+              "umount /proc/kcore && echo UNMASKED; true")
+    bundle = make_bundle(["sh", "-c", script])
+    spec = json.loads((bundle / "config.json").read_text())
+    del spec["process"]["capabilities"]
+    (bundle / "config.json").write_text(json.dumps(spec))
+    before = (mount_table(), tree(rootfs_debian))
+    r = subprocess.run([sys.executable, "-m", "sandbox.cli", "run", str(bundle), "--root", str(tmp_path / "s")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    caps = dict(line.split(":") for line in r.stdout.splitlines() if line.startswith("Cap"))
+    assert {k: v.strip() for k, v in caps.items()} == {k: "0000000000000000" for k in
+                                                       ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+    for marker in ("MKNOD-OK", "REMOUNT-OK", "WROTE-IMAGE", "UNMASKED"):
+        assert marker not in r.stdout, r.stdout
+    assert (mount_table(), tree(rootfs_debian)) == before
+    assert not (rootfs_debian / "planted").exists()
