@@ -92,6 +92,8 @@ def read_file(root: str, rel: str, limit: int = MAX_TEXT) -> tuple[str, bytes] |
     never end. Opened non-blocking, without following a last link, no controlling tty."""
     path = resolve_in_root(root, rel)
     if path is None:
+        if os.path.lexists(os.path.join(root, rel)):  # a link out of the root, or one that loops
+            raise DriverError(f"{os.path.join(root, rel)}: a symlink that leads to no file inside the driver root")
         return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
@@ -99,14 +101,27 @@ def read_file(root: str, rel: str, limit: int = MAX_TEXT) -> tuple[str, bytes] |
         return None
     except OSError as e:
         raise DriverError(f"{path}: cannot read: {e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
+    try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise DriverError(f"{path}: expected a regular file, found {_kind(mode)}")
-        data = f.read(limit + 1)
+        data = _read_all(fd, limit + 1)
+    finally:
+        os.close(fd)
     if len(data) > limit:
         raise DriverError(f"{path}: larger than {limit} bytes: not a driver file")
     return path, data
+
+
+def _read_all(fd: int, n: int) -> bytes:
+    chunks, size = [], 0
+    while size < n:
+        chunk = os.read(fd, min(n - size, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def _kind(mode: int) -> str:

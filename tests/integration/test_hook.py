@@ -98,6 +98,7 @@ def test_hook_error_refuses_the_container_and_leaves_nothing(make_bundle, driver
     r = runc(bundle, tmp_path / "state")
     assert r.returncode != 0 and "container ran" not in r.stdout
     assert "/usr/bin" in r.stderr and "not a directory" in r.stderr, r.stderr
+    assert "sandbox hook: /usr/bin" in r.stderr and "Traceback" not in r.stderr, r.stderr  # one line
     assert mount_table() == before[0] and tree(root) == before[1]
 
 
