@@ -79,17 +79,59 @@ def _finish(tmp: Path, path: Path) -> Path:
 # --- the private apt configuration -------------------------------------------------------
 
 
+def _os_codename() -> str:
+    for line in Path("/etc/os-release").read_text().splitlines():
+        if line.startswith("VERSION_CODENAME="):
+            return line.partition("=")[2].strip().strip('"')
+    raise SystemExit("/etc/os-release: no VERSION_CODENAME")
+
+
+def _machine_sources() -> list[tuple[str, str, str]]:
+    """(URI, suite, signed-by) of the machine's own Debian archive entries, from its
+    sources.list and sources.list.d (one-line and deb822 formats): the archive's address
+    comes from the machine's configuration, never from this repository."""
+    files = [Path("/etc/apt/sources.list")] + sorted(Path("/etc/apt/sources.list.d").glob("*.list"))
+    found = []
+    for f in files:
+        for line in (f.read_text().splitlines() if f.is_file() else []):
+            words = line.split("#")[0].split()
+            if not words or words[0] != "deb":
+                continue
+            opts = ""
+            if words[1].startswith("["):
+                end = next(i for i, w in enumerate(words) if w.endswith("]"))
+                opts, words = " ".join(words[1:end + 1]).strip("[]"), [words[0]] + words[end + 1:]
+            signed = next((o.partition("=")[2] for o in opts.split() if o.startswith("signed-by=")), "")
+            found.append((words[1], words[2], signed))
+    for f in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
+        for para in f.read_text().split("\n\n"):
+            fields = {}
+            for line in para.splitlines():
+                key, sep, value = line.partition(":")
+                if sep and not line.startswith(("#", " ")):
+                    fields[key.strip().lower()] = value.strip()
+            if "deb" in fields.get("types", "").split() and fields.get("enabled", "yes") != "no":
+                for uri in fields.get("uris", "").split():
+                    for suite in fields.get("suites", "").split():
+                        found.append((uri, suite, fields.get("signed-by", "")))
+    return found
+
+
 def apt_options() -> list[str]:
-    """apt options that point at a sources list, state and cache of our own."""
+    """apt options that point at a sources list, state and cache of our own: the machine's
+    Debian archives (its release and security suites) with the contrib, non-free and
+    non-free-firmware components, where the NVIDIA packages are."""
     base = CACHE / "apt"
     for d in ("state/lists/partial", "cache/archives/partial"):
         (base / d).mkdir(parents=True, exist_ok=True)
+    codename = _os_codename()
     keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
     comps = "contrib non-free non-free-firmware"
-    (base / "sources.list").write_text(
-        f"deb [signed-by={keyring}] http://deb.debian.org/debian bookworm {comps}\n"
-        f"deb [signed-by={keyring}] http://deb.debian.org/debian-security bookworm-security {comps}\n"
-    )
+    lines = sorted({f"deb [signed-by={signed or keyring}] {uri} {suite} {comps}\n"
+                    for uri, suite, signed in _machine_sources() if suite in (codename, f"{codename}-security")})
+    if not any(f" {codename} " in line for line in lines):
+        raise SystemExit(f"no Debian {codename} archive in this machine's apt sources (/etc/apt)")
+    (base / "sources.list").write_text("".join(lines))
     return [
         f"-oDir::Etc::SourceList={base}/sources.list",
         "-oDir::Etc::SourceParts=-",

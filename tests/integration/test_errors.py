@@ -192,7 +192,8 @@ NVIDIA_VARS = ["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_R
                "NVIDIA_REQUIRE_DRIVER", "CUDA_VERSION", "NVIDIA_DISABLE_REQUIRE"]
 TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=24) | \
     st.sampled_from(["all", "none", "void", "0", "1", "0,1", "GPU-", "0000:3b:00.0", "compute,utility",
-                     "cuda>=12.0", "driver>=535 cuda>=99", "12.2", "true", "MIG-1", "0:1:0", ""])
+                     "cuda>=12.0", "driver>=535 cuda>=99", "12.2", "true", "MIG-1", "0:1:0", "",
+                     "\u00b2", "\u0661", "\uff10", "1" * 5000, "all,foo", "cuda>=\u0661", "0000:3b:00.\u0660"])
 
 
 def _cli(argv: list[str]) -> tuple[int, str]:

@@ -132,3 +132,26 @@ def test_symlinked_rootfs_is_refused_as_runc_refuses_it(make_bundle, tmp_path, r
     theirs = subprocess.run(["runc", "--root", tmp_path / "runc", "run", "symlinked"], cwd=bundle,
                             capture_output=True, text=True)
     assert theirs.returncode != 0 and "symlink" in theirs.stderr, theirs.stderr
+
+
+def test_gpu_scratch_is_capped(make_bundle, tmp_path, rootfs_debian, driver_root):
+    """A writable GPU container's root writes land on our tmpfs: host memory, so capped by
+    --scratch-size; past it the container sees ENOSPC, and the image stays unchanged."""
+    import json
+
+    from tests.integration.helpers import tree
+
+    script = ("head -c 4194304 /dev/zero > /root/small && echo small-ok; "
+              "head -c 33554432 /dev/zero > /root/big || echo big-refused; stat -c size=%s /root/big")
+    bundle = make_bundle(["sh", "-c", script], ["NVIDIA_VISIBLE_DEVICES=all"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["root"]["readonly"] = False
+    (bundle / "config.json").write_text(json.dumps(spec))
+    before = tree(rootfs_debian)
+    r = run(bundle, tmp_path, "--driver-root", driver_root, "--scratch-size", "16m")
+    assert r.returncode == 0, r.stderr
+    assert "small-ok" in r.stdout and "big-refused" in r.stdout, r
+    assert int(r.stdout.split("size=")[1]) < 16 << 20
+    assert tree(rootfs_debian) == before
+    bad = run(bundle, tmp_path, "--driver-root", driver_root, "--scratch-size", "lots")
+    assert bad.returncode == 2 and "--scratch-size" in bad.stderr

@@ -105,3 +105,16 @@ def test_unenforced_fields_are_named():
                          "linux": {"seccomp": {}, "resources": {}}}, Spec)
     assert s.unenforced() == ["linux.resources", "linux.seccomp", "process.oomScoreAdj", "hooks"]
     assert spec().unenforced() == []
+
+
+@pytest.mark.parametrize("value", ["all,foo", "foo,all", "compute,\u00b2"])
+def test_unknown_capability_even_beside_all(value):
+    with pytest.raises(RequestError, match="unknown capability"):
+        gpu_request(spec(["NVIDIA_VISIBLE_DEVICES=all", f"NVIDIA_DRIVER_CAPABILITIES={value}"]))
+
+
+@pytest.mark.parametrize("expr", ["cuda>=\u0661\u0662", "driver>=" + "9" * 5000, "cuda>=12..0"])
+def test_requirement_versions_are_ascii_and_short(expr):
+    req = GpuRequest(("all",), CU, (("NVIDIA_REQUIRE_CUDA", expr),))
+    with pytest.raises(RequestError, match="is not a version"):
+        check_requirements(req, "535.261.03", "12.2", [], [])
