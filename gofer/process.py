@@ -1,6 +1,7 @@
 """The container process, set up as runc's init does it: rlimits, a new session, user and
 groups, capabilities (none unless the spec grants them), umask, cwd, HOME, no_new_privs,
-default signal dispositions, then exec with the spec's environment only."""
+default signal dispositions, then exec with the spec's environment only (docs/design.md,
+"The process"; tests/integration/test_runc_parity.py compares the result with runc's)."""
 
 from __future__ import annotations
 

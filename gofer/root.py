@@ -12,6 +12,7 @@ new entries exist only in this mount namespace and vanish with it, even if the g
 halfway. `sandbox run` overlays the whole root this way before any other mount; embedded in
 another runtime, each such directory gets its own, and the mounts already below it are moved
 on top. Directories on the spec's own tmpfs mounts (/dev) are written directly.
+See docs/design.md, "The root".
 """
 
 from __future__ import annotations

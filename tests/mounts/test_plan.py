@@ -147,7 +147,7 @@ def test_synthetic_closure_walks_the_whole_chain(n, make_bundle):
     ("utility", {"libnvidia-ml", "libnvidia-cfg"}, set(), set()),
 ])
 def test_capabilities(caps, libs, devices, links, make_bundle, inventory, driver_version):
-    """Each capability brings REFERENCE.md's libraries (closure included) and nodes."""
+    """Each capability brings its libraries (mounts/plan.py LIBRARIES, closure included) and nodes."""
     plan = plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_DRIVER_CAPABILITIES={caps}"])
     assert stems(plan, driver_version) == libs
     got = {a.target for a in by_kind(plan, "device")}
