@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     except SandboxError as e:
         print(f"sandbox {args.verb}: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:  # a syscall that failed outside a typed error (it names its operation)
+        print(f"sandbox {args.verb}: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 
