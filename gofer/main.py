@@ -16,6 +16,7 @@ import prctl
 
 from gofer import gpu, process, protocol, rootfs
 from gofer import syscalls as sc
+from gofer.hooks import run_hooks, state_json
 from gofer.root import Root
 from gofer.spans import Spans
 from mounts import actions as A
@@ -85,9 +86,6 @@ def _wait_pid1(child: int) -> None:
 def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     """The whole sequence; raises on any failure (the caller reports it and exits)."""
     prctl.set_name("sandbox-gofer")
-    # Nothing the caller left open may reach the container (runc closes them too): from
-    # here on every fd above stderr is close-on-exec; our socket already is.
-    sc.cloexec_from(3)
     # Our caller's umask must not shape what we create (device nodes are 0666, mount
     # points 0644/0755); the container gets the spec's umask or runc's 0022 at exec.
     os.umask(0)
@@ -97,11 +95,16 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     if os.getppid() != parent:
         raise GoferError("the supervisor exited before the gofer started")
     start = _expect_start(sock)
+    # Nothing the caller left open may reach the container (runc closes them too), except
+    # the --preserve-fds ones: from here on every other fd above stderr is close-on-exec;
+    # our socket already is.
+    sc.cloexec_from(3 + start.preserve_fds)
     spans = Spans(start.trace, os.getpid())
     spans.add("gofer:start", t_spawn)
     spec = start.spec
     if spec.process is None:  # the supervisor refuses such a bundle; never mount for nothing
         raise GoferError("config.json: no process to run")
+    hooks = spec.hooks.ours() if spec.hooks is not None else None
 
     with spans.span("unshare"):
         flags = rootfs.enter_namespaces(spec)
@@ -114,11 +117,17 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         child = os.fork()
         if child:
             sock.close()
+            if start.detached:  # create: the init outlives us; the caller (a subreaper) reaps it
+                os._exit(0)
             _wait_pid1(child)
-        prctl.set_pdeathsig(signal.SIGKILL)
+        if not start.detached:
+            prctl.set_pdeathsig(signal.SIGKILL)
     host_pid = spans.pid = _host_pid()  # read while /proc is still the host's
     if flags & sc.CLONE_NEWPID:
         spans.add("fork pid 1", t)
+    # Host-side files the init needs after pivot_root are opened now, while they are visible.
+    fifo = os.open(start.exec_fifo, os.O_RDWR | os.O_CLOEXEC) if start.exec_fifo else None
+    console = _connect(start.console_socket) if start.console_socket else None
 
     with spans.span("rootfs"):
         root = rootfs.prepare_root(spec, start.rootfs, start.overlay_root, start.scratch_size)
@@ -130,6 +139,17 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         s.args["requests"] = _gpu_requests(sock, root, spans)
         s.args["overlays"] = len(root.overlays)
         s.args["created"] = root.created
+    state = _hook_state(start, host_pid)
+    if start.hooks_pause:
+        # prestart and createRuntime run in the runtime's namespaces: the supervisor runs them
+        # while we wait here, after the mounts and before pivot_root.
+        with spans.span("runtime hooks"):
+            protocol.send(sock, protocol.Paused(host_pid))
+            if not isinstance(protocol.recv_request(sock), protocol.Resume):
+                raise GoferError("supervisor gave up during the createRuntime hooks")
+    if hooks is not None and hooks.create_container:
+        with spans.span("createContainer hooks"):
+            run_hooks(hooks.create_container, "createContainer", state)
     with spans.span("pivot_root"):
         rootfs.pivot(root)
     with spans.span("masks"):
@@ -141,12 +161,39 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     root.close()
 
     proc = spec.process
+    tty = process.open_console(console, proc) if console is not None else None
     with spans.span("user"):
         process.set_rlimits(proc)
         process.become(proc)
     spans.add("exec", time.monotonic_ns())
+    if start.detached:
+        prctl.set_pdeathsig(0)  # before Ready: the supervisor exits as soon as it reads it
     protocol.send(sock, protocol.Ready(spans.items, host_pid))
-    process.exec_process(proc)
+    if fifo is not None:
+        # create: wait for start. The FIFO is open read-write, so this read blocks until
+        # `sandbox start` writes its byte (no writer-less EOF can end it early).
+        sock.close()
+        os.read(fifo, 1)
+        os.close(fifo)
+    if hooks is not None and hooks.start_container:
+        run_hooks(hooks.start_container, "startContainer", state)
+    process.exec_process(proc, tty=tty, pdeathsig=not start.detached)
+
+
+def _hook_state(start: protocol.Start, pid: int) -> bytes:
+    """The state JSON hooks read on stdin (built before pivot_root: nothing to import after)."""
+    return state_json(start.id, "creating", pid, start.bundle, start.spec.annotations)
+
+
+def _connect(path: str) -> socket.socket:
+    """The --console-socket, connected while its host path is still visible."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        s.connect(path)
+    except OSError as e:
+        s.close()
+        raise SandboxError(f"--console-socket {path}: cannot connect: {e.strerror}", op="connect", path=path) from None
+    return s
 
 
 def _host_pid() -> int:

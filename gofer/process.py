@@ -5,10 +5,14 @@ default signal dispositions, then exec with the spec's environment only (docs/de
 
 from __future__ import annotations
 
+import fcntl
 import os
 import resource
 import signal
+import socket
 import stat
+import struct
+import termios
 
 import prctl
 
@@ -73,6 +77,26 @@ def become(proc: Process) -> None:
     prctl.set_keepcaps(False)
 
 
+def open_console(console: socket.socket, proc: Process) -> int:
+    """A new pty from the container's own devpts (called past pivot_root, or after joining
+    its mount namespace): the master goes to the console socket (SCM_RIGHTS, as runc sends
+    it), the slave is returned for exec_process to make our stdio and controlling tty."""
+    try:
+        master, slave = os.openpty()
+    except OSError as e:
+        raise ProcessError(f"process.terminal: cannot open a pty in the container: {e.strerror} "
+                           "(is devpts mounted at /dev/pts?)", op="openpty", path="/dev/ptmx") from None
+    if proc.console_size:
+        size = struct.pack("HHHH", proc.console_size.get("height", 0), proc.console_size.get("width", 0), 0, 0)
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
+    try:
+        socket.send_fds(console, [b"/dev/ptmx"], [master])
+    finally:
+        os.close(master)
+        console.close()
+    return slave
+
+
 def home_of(uid: int) -> str:
     """The home directory of ``uid`` in the container's /etc/passwd, else "/" (runc's rule).
     Read after pivot_root, resolved inside the root without magic links, non-blocking,
@@ -99,7 +123,7 @@ def home_of(uid: int) -> str:
     return "/"
 
 
-def exec_process(proc: Process) -> None:
+def exec_process(proc: Process, tty: int | None = None, pdeathsig: bool = True) -> None:
     """A new session, umask, cwd, HOME, no_new_privs, PDEATHSIG (credential changes cleared
     it), every signal back to its default and none blocked, then execvpe with the spec's
     environment only: nothing of ours, nothing of the caller's. Every fd above 2 is already
@@ -108,6 +132,11 @@ def exec_process(proc: Process) -> None:
         os.setsid()
     except OSError:
         pass  # already a session leader (cannot happen for a forked child; harmless)
+    if tty is not None:  # the console's slave: our controlling terminal and stdio
+        fcntl.ioctl(tty, termios.TIOCSCTTY, 0)
+        for fd in (0, 1, 2):
+            os.dup2(tty, fd)
+        os.close(tty)
     os.umask(proc.user.umask if proc.user.umask is not None else DEFAULT_UMASK)
     try:
         os.chdir(proc.cwd)
@@ -118,7 +147,8 @@ def exec_process(proc: Process) -> None:
         env["HOME"] = home_of(proc.user.uid)
     if proc.no_new_privileges:
         prctl.set_no_new_privs(1)
-    prctl.set_pdeathsig(signal.SIGKILL)
+    if pdeathsig:  # not for a created container: its init outlives the runtime that made it
+        prctl.set_pdeathsig(signal.SIGKILL)
     # Ignored signals stay ignored across execve (Python ignores SIGPIPE and SIGXFSZ; a
     # caller may ignore more): the container starts with every disposition at its default.
     for sig in signal.valid_signals():

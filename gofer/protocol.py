@@ -7,8 +7,12 @@
     Start(spec, rootfs, ...)   ------------>     prctl, unshare, fork pid 1 if asked,
                                                  rootfs bind, spec mounts, devices
     Device/Library/Symlink/... ------------>     each applied as it arrives
-    End                        ------------>     ld.so.cache, pivot_root, masks, user
-                               <------------     Ready(spans)      then exec
+    End                        ------------>     ld.so.cache
+      (only with hooks_pause)  <------------     Paused(pid)
+    run prestart/createRuntime hooks
+    Resume                     ------------>     createContainer hooks, pivot_root, masks, user
+                               <------------     Ready(spans, pid), then exec (run), or
+                                                 wait on the exec FIFO until start (create)
                          (or)  <------------     Error(message, code, op, path), then exit code
 
 Every frame is one tagged Struct (``kind``) validated on decode; a frame that does not
@@ -38,6 +42,20 @@ class Start(msgspec.Struct, frozen=True, tag_field="kind", tag="start"):
     trace: bool = False
     overlay_root: bool = False  # GPU files follow: give the whole root a private overlay first
     scratch_size: str | None = None  # size cap of the tmpfs under our overlays (None: Root's)
+    id: str = ""
+    exec_fifo: str | None = None  # create: the init waits on this FIFO until start
+    console_socket: str | None = None  # a new pty; its master goes to this socket
+    detached: bool = False  # create: the init outlives us (no PDEATHSIG tie to us)
+    preserve_fds: int = 0  # fds 3 .. 3+N-1 of ours pass on to the container
+    hooks_pause: bool = False  # stop before pivot_root for the runtime-namespace hooks
+
+
+class Resume(msgspec.Struct, frozen=True, tag_field="kind", tag="resume"):
+    pass
+
+
+class Paused(msgspec.Struct, frozen=True, tag_field="kind", tag="paused"):
+    pid: int  # the container's init as the host sees it
 
 
 class End(msgspec.Struct, frozen=True, tag_field="kind", tag="end"):
@@ -70,8 +88,8 @@ def error_frame(e: BaseException) -> Error:
     return Error(str(e) or type(e).__name__, 1, getattr(e, "op", ""), getattr(e, "filename", None) or "")
 
 
-ToGofer = Start | End | Device | Library | Symlink | Binary | Firmware | Ipc | LdCache | ProcFs
-FromGofer = Ready | Error
+ToGofer = Start | End | Resume | Device | Library | Symlink | Binary | Firmware | Ipc | LdCache | ProcFs
+FromGofer = Ready | Error | Paused
 
 _encoder = msgspec.msgpack.Encoder()
 _to_gofer = msgspec.msgpack.Decoder(ToGofer)

@@ -90,6 +90,23 @@ class Hooks(_S):
     poststart: list[Hook] = []
     poststop: list[Hook] = []
 
+    def ours(self) -> Hooks:
+        """The hooks we run: NVIDIA's own are dropped, because we do their work natively
+        (as runsc does): nvidia-container-runtime-hook / nvidia-container-toolkit as prestart,
+        nvidia-cdi-hook and `nvidia-ctk hook` as createContainer."""
+        return Hooks(*[[h for h in getattr(self, f) if not is_nvidia_hook(h)] for f in self.__struct_fields__])
+
+    def has_nvidia(self) -> bool:
+        return any(is_nvidia_hook(h) for f in self.__struct_fields__ for h in getattr(self, f))
+
+
+NVIDIA_HOOKS = ("nvidia-container-runtime-hook", "nvidia-container-toolkit", "nvidia-cdi-hook")
+
+
+def is_nvidia_hook(hook: Hook) -> bool:
+    name = os.path.basename(hook.path)
+    return name in NVIDIA_HOOKS or (name == "nvidia-ctk" and "hook" in hook.args[1:2])
+
 
 class Namespace(_S):
     type: str
@@ -139,8 +156,6 @@ class Spec(_S):
         fields = [(self.linux, "linux", _UNENFORCED_LINUX), (self.process, "process", _UNENFORCED_PROCESS)]
         names = [f"{where}.{camel}" for obj, where, names in fields if obj is not None
                  for attr, camel in names if getattr(obj, attr) is not None]
-        if self.hooks is not None and any(getattr(self.hooks, f) for f in self.hooks.__struct_fields__):
-            names.append("hooks")  # sandbox run runs no OCI hooks of its own
         return names
 
 

@@ -19,7 +19,7 @@ from mounts.plan import Plan, compute_plan, layout_of
 from mounts.request import GpuRequest, gpu_request, parse_capabilities
 from mounts.spec import Bundle, load_bundle
 
-__all__ = ["Plan", "apply_plan", "plan_bundle", "request_for"]  # noqa: F822 - apply_plan: see __getattr__
+__all__ = ["Plan", "apply_plan", "cap_request", "plan_bundle", "request_for"]  # noqa: F822 - apply_plan: see __getattr__
 
 
 def __getattr__(name: str):
@@ -37,9 +37,14 @@ def request_for(bundle: Bundle, gpus: str | None = None, capabilities: str | Non
     """The bundle's GPU request (CLI overrides applied), capped at ``max_capabilities``."""
     request = gpu_request(bundle.spec, gpus, capabilities)
     if request is not None and max_capabilities:
-        allowed = parse_capabilities(max_capabilities, "--capabilities")
-        request = msgspec.structs.replace(request, capabilities=request.capabilities & allowed)
+        request = cap_request(request, max_capabilities)
     return request
+
+
+def cap_request(request: GpuRequest, max_capabilities: str, where: str = "--capabilities") -> GpuRequest:
+    """``request`` with its capabilities cut to the ceiling ``max_capabilities``."""
+    allowed = parse_capabilities(max_capabilities, where)
+    return msgspec.structs.replace(request, capabilities=request.capabilities & allowed)
 
 
 def plan_bundle(bundle: str | Bundle, driver_root: str = "/", gpus: str | None = None,

@@ -1,26 +1,33 @@
-"""``sandbox``: the command line. Each verb is a short module in sandbox/; this file only
-parses arguments, calls the verb, and turns a SandboxError into one line and an exit code."""
+"""``sandbox``: the command line, runc's contract plus our own verbs. Each verb is a short
+module in sandbox/; this file only parses arguments, calls the verb, and turns an error into
+one line (on stderr, and in the ``--log`` file) and an exit code."""
 
 from __future__ import annotations
 
+import os
 import sys
 
+VERSION = "0.1.0"
+DEFAULT_ROOT = "/run/sandbox"
+
 VERBS = {
+    "create": "create a container from a bundle; its process waits for start",
+    "start": "start the process of a created container",
+    "run": "create and start a container (runc's run), or run an OCI bundle (sandbox run BUNDLE)",
+    "exec": "run a new process inside a running container",
+    "state": "print a container's state as JSON",
+    "kill": "send a signal to a container's init (default SIGTERM)",
+    "delete": "delete a stopped container (--force: any)",
+    "list": "list the containers",
+    "ps": "list the processes of a container",
+    "features": "print the runtime's features as JSON",
     "plan": "print the GPU mount plan for a bundle",
-    "run": "run an OCI bundle, with the host's NVIDIA GPUs when it asks for them",
     "trace": "print (or draw) the phases of a startup trace",
     "hook": "OCI prestart/createRuntime hook for runc and crun (hook install: add it to a bundle)",
-    "list": "list the running containers",
-    "state": "print a container's state as JSON",
-    "kill": "send a signal to a container (default SIGTERM)",
 }
-
-
-def _gpu_options(p) -> None:
-    p.add_argument("--driver-root", default="/", help="where the driver is installed (default /)")
-    p.add_argument("--dev-root", help="where the kernel module's dev/ and proc/ are (default: the driver root)")
-    p.add_argument("--gpus", help="override NVIDIA_VISIBLE_DEVICES (all, none, indices, UUIDs, bus ids)")
-    p.add_argument("--capabilities", help="override NVIDIA_DRIVER_CAPABILITIES")
+# Global options that take a value (scanned before argparse, to find the verb early).
+GLOBAL_VALUES = ("--root", "--log", "--log-format", "--driver-root", "--dev-root", "--config", "--criu",
+                 "--rootless")
 
 
 def _size(value: str) -> str:
@@ -33,25 +40,121 @@ def _size(value: str) -> str:
     return value
 
 
+def _globals(p, suppress: bool) -> None:
+    """Options accepted before the verb (runc's place) and, for the old interface, after it."""
+    import argparse
+
+    d = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
+    p.add_argument("--root", default=d(None), help=f"state directory (default {DEFAULT_ROOT})")
+    p.add_argument("--driver-root", default=d(None), help="where the driver is installed (default /, or the config file's)")
+    p.add_argument("--dev-root", default=d(None), help="where the kernel module's dev/ and proc/ are (default: the driver root)")
+
+
+def _container(p, ids: str = "container_id") -> None:
+    p.add_argument(ids, metavar="ID", help="the container's id")
+
+
+def _gpu_options(p) -> None:
+    p.add_argument("--gpus", help="override NVIDIA_VISIBLE_DEVICES (all, none, indices, UUIDs, bus ids)")
+    p.add_argument("--capabilities", help="override NVIDIA_DRIVER_CAPABILITIES")
+
+
+def _create_options(p) -> None:
+    p.add_argument("-b", "--bundle", help="the bundle directory (default: the current directory)")
+    p.add_argument("--pid-file", help="write the container's init pid here")
+    p.add_argument("--console-socket", help="unix socket that receives the pty master (process.terminal)")
+    p.add_argument("--preserve-fds", type=int, default=0, metavar="N", help="pass fds 3..3+N-1 on to the container")
+    p.add_argument("--no-pivot", action="store_true", help="accepted for runc's sake; we always pivot_root")
+    p.add_argument("--no-new-keyring", action="store_true", help="accepted; no session keyring is made")
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome trace-event JSON of the startup")
+    p.add_argument("--scratch-size", type=_size, metavar="SIZE",
+                   help="cap of the tmpfs holding a GPU container's writes to its root (default 256m)")
+    _gpu_options(p)
+
+
 def parser():
     import argparse  # here, not at the top: the hook's fast path never needs it
 
     ap = argparse.ArgumentParser(prog="sandbox", description=__doc__.split("\n")[0])
+    _globals(ap, suppress=False)
+    ap.add_argument("--log", help="append errors (and --debug lines) to this file")
+    ap.add_argument("--log-format", choices=["text", "json"], default="text")
+    ap.add_argument("--debug", action="store_true", help="print a traceback with errors")
+    ap.add_argument("--systemd-cgroup", action="store_true",
+                    help="accepted for the engines' sake; cgroups are not managed by sandbox yet")
+    ap.add_argument("--config", help="config file (default $SANDBOX_CONFIG, else /etc/gpu-sandbox/config.toml)")
+    ap.add_argument("--version", "-v", action="version", version=f"sandbox version {VERSION}\nspec: 1.0.2")
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
 
+    p = sub.add_parser("create", help=VERBS["create"])
+    _globals(p, suppress=True)
+    _create_options(p)
+    _container(p)
+
+    p = sub.add_parser("run", help=VERBS["run"])
+    _globals(p, suppress=True)
+    _create_options(p)
+    p.add_argument("-d", "--detach", action="store_true", help="create and start, then return")
+    p.add_argument("--keep", action="store_true", help="accepted; a foreground run deletes the container at exit")
+    p.add_argument("--id", help="(sandbox run BUNDLE) container id (default: the bundle directory's name)")
+    p.add_argument("target", metavar="ID|BUNDLE",
+                   help="a container id (runc's run, bundle from -b or the cwd), or a bundle directory")
+
+    p = sub.add_parser("start", help=VERBS["start"])
+    _globals(p, suppress=True)
+    _container(p)
+
+    p = sub.add_parser("state", help=VERBS["state"])
+    _globals(p, suppress=True)
+    _container(p)
+
+    p = sub.add_parser("kill", help=VERBS["kill"])
+    _globals(p, suppress=True)
+    p.add_argument("-a", "--all", action="store_true", help="signal every process of the container")
+    _container(p)
+    p.add_argument("signal", nargs="?", default="TERM")
+
+    p = sub.add_parser("delete", help=VERBS["delete"])
+    _globals(p, suppress=True)
+    p.add_argument("-f", "--force", action="store_true", help="kill it first if it is running")
+    _container(p)
+
+    p = sub.add_parser("list", help=VERBS["list"])
+    _globals(p, suppress=True)
+    p.add_argument("-q", "--quiet", action="store_true", help="ids only")
+    p.add_argument("-f", "--format", choices=["table", "json"], default="table")
+
+    p = sub.add_parser("ps", help=VERBS["ps"])
+    _globals(p, suppress=True)
+    p.add_argument("-f", "--format", choices=["table", "json"], default="table")
+    _container(p)
+
+    p = sub.add_parser("exec", help=VERBS["exec"])
+    _globals(p, suppress=True)
+    p.add_argument("-p", "--process", help="a JSON file with the process to run (runtime-spec Process)")
+    p.add_argument("-d", "--detach", action="store_true", help="return once the process started")
+    p.add_argument("--pid-file", help="write the new process's pid here")
+    p.add_argument("--console-socket", help="unix socket that receives the pty master")
+    p.add_argument("-t", "--tty", action="store_true", help="allocate a pty")
+    p.add_argument("--cwd", help="working directory in the container")
+    p.add_argument("-e", "--env", action="append", default=[], help="K=V added to the environment")
+    p.add_argument("-u", "--user", help="UID[:GID]")
+    p.add_argument("--additional-gids", "-g", action="append", type=int, default=[])
+    p.add_argument("-c", "--cap", action="append", default=[], help="add a capability")
+    p.add_argument("--no-new-privs", action="store_true")
+    p.add_argument("--preserve-fds", type=int, default=0)
+    p.add_argument("--apparmor", help="accepted; not applied")
+    p.add_argument("--process-label", help="accepted; not applied")
+    _container(p)
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the command (unless --process)")
+
+    p = sub.add_parser("features", help=VERBS["features"])
+
     p = sub.add_parser("plan", help=VERBS["plan"])
+    _globals(p, suppress=True)
     p.add_argument("bundle")
     _gpu_options(p)
     p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
-
-    p = sub.add_parser("run", help=VERBS["run"])
-    p.add_argument("bundle")
-    _gpu_options(p)
-    p.add_argument("--id", help="container id (default: the bundle directory's name)")
-    p.add_argument("--root", default="/run/sandbox", help="state directory (default /run/sandbox)")
-    p.add_argument("--trace", metavar="FILE", help="write a Chrome trace-event JSON of the startup")
-    p.add_argument("--scratch-size", type=_size, metavar="SIZE",
-                   help="cap of the tmpfs holding a GPU container's writes to its root (default 256m)")
 
     p = sub.add_parser("trace", help=VERBS["trace"])
     p.add_argument("file")
@@ -60,19 +163,11 @@ def parser():
     p = sub.add_parser("hook", help=VERBS["hook"])
     p.add_argument("action", nargs="?", choices=["install"], help="install: add the hook to a bundle")
     p.add_argument("bundle", nargs="?", help="(install) the bundle whose config.json gets the hook")
-    p.add_argument("--driver-root", default="/", help="where the driver is installed (default /)")
-    p.add_argument("--dev-root", help="where the kernel module's dev/ and proc/ are (default: the driver root)")
+    _globals(p, suppress=True)
     p.add_argument("--capabilities", help="capabilities allowed at most (default: any)")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace-event JSON of the hook")
     p.add_argument("--stage", choices=["prestart", "createRuntime"], default="createRuntime",
                    help="(install) which hook list to add it to")
-    for verb in ("list", "state", "kill"):
-        p = sub.add_parser(verb, help=VERBS[verb])
-        if verb != "list":
-            p.add_argument("id")
-        if verb == "kill":
-            p.add_argument("signal", nargs="?", default="TERM")
-        p.add_argument("--root", default="/run/sandbox", help="state directory (default /run/sandbox)")
     return ap
 
 
@@ -90,41 +185,114 @@ def hook_args(argv: list[str]):
     opts = dict(zip(argv[1::2], argv[2::2], strict=True))
     if not set(opts) <= set(HOOK_OPTIONS):
         return None
-    return types.SimpleNamespace(verb="hook", action=None, bundle=None, stage=None,
+    return types.SimpleNamespace(verb="hook", action=None, bundle=None, stage=None, config=None, log=None,
+                                 debug=False, root=None,
                                  **{o[2:].replace("-", "_"): opts.get(o) for o in HOOK_OPTIONS})
+
+
+def verb_of(argv: list[str]) -> str | None:
+    """The verb, found past the global options without parsing (run and create fork their
+    gofer before anything else is imported)."""
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if not a.startswith("-"):
+            return a
+        i += 2 if a in GLOBAL_VALUES else 1
+    return None
+
+
+def _resolve(args) -> None:
+    """Fill what the command line left open: the config file's driver root, device root and
+    capability ceiling, then the defaults; runc's run (ID) or ours (BUNDLE)."""
+    if getattr(args, "root", None) is None:
+        args.root = DEFAULT_ROOT
+    if args.verb in ("create", "run", "plan", "hook"):
+        from sandbox.config import load_config
+
+        conf = load_config(args.config)
+        if args.driver_root is None:
+            args.driver_root = conf.driver_root
+        if args.dev_root is None:
+            args.dev_root = conf.dev_root
+        args.max_capabilities = conf.capabilities
+        if args.verb == "hook" and args.capabilities is None:
+            args.capabilities = conf.capabilities
+    if args.verb == "run":
+        # runc's `run [-b B] ID`, or ours: `run BUNDLE` (a directory with a config.json)
+        if args.bundle is None and os.path.isfile(os.path.join(args.target, "config.json")):
+            args.bundle, args.container_id = args.target, args.id
+        else:
+            args.container_id = args.target
+    elif args.verb == "create":
+        args.detach = True
+
+
+def _log(args, msg: str) -> None:
+    """The error line in --log as well: containerd's shim reads the last json entry."""
+    path = getattr(args, "log", None)
+    if not path:
+        return
+    import time
+
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if args.log_format == "json":
+        import json
+
+        line = json.dumps({"level": "error", "msg": msg, "time": now})
+    else:
+        line = f'time="{now}" level=error msg={msg!r}'
+    try:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+    except OSError:
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     gofer = None
-    if argv[:1] == ["run"]:
-        # Fork the gofer before anything is imported or parsed (see sandbox/run_cmd.py).
-        from sandbox.run_cmd import spawn_gofer
+    verb = verb_of(argv)
+    if verb in ("run", "create"):
+        # Fork the gofer before anything is imported or parsed (see sandbox/launch.py).
+        from sandbox.launch import spawn_gofer
 
         gofer = spawn_gofer()
     args = hook_args(argv) or parser().parse_args(argv)
-    if args.verb == "hook" and args.driver_root is None:
-        args.driver_root = "/"
     from mounts.errors import SandboxError
 
     try:
+        _resolve(args)
         if args.verb == "plan":
-            from sandbox import plan_cmd as verb
+            from sandbox import plan_cmd as mod
         elif args.verb == "run":
-            from sandbox import run_cmd as verb
+            from sandbox import run_cmd as mod
+        elif args.verb == "create":
+            from sandbox import create_cmd as mod
+        elif args.verb == "start":
+            from sandbox import start_cmd as mod
+        elif args.verb == "delete":
+            from sandbox import delete_cmd as mod
+        elif args.verb == "exec":
+            from sandbox import exec_cmd as mod
+        elif args.verb == "features":
+            from sandbox import features_cmd as mod
         elif args.verb == "trace":
-            from sandbox import trace_cmd as verb
-        elif args.verb in ("list", "state", "kill"):
-            from sandbox import state_cmd as verb
+            from sandbox import trace_cmd as mod
+        elif args.verb in ("list", "state", "kill", "ps"):
+            from sandbox import state_cmd as mod
         else:
-            from sandbox import hook_cmd as verb
-        return verb.main(args, gofer) if gofer is not None else verb.main(args)
-    except SandboxError as e:
-        print(f"sandbox {args.verb}: {e}", file=sys.stderr)
-        return e.exit_code
-    except OSError as e:  # a syscall that failed outside a typed error (it names its operation)
-        print(f"sandbox {args.verb}: {e}", file=sys.stderr)
-        return 1
+            from sandbox import hook_cmd as mod
+        return mod.main(args, gofer) if gofer is not None else mod.main(args)
+    except (SandboxError, OSError) as e:  # an OSError names its operation (SyscallError)
+        msg = f"sandbox {args.verb}: {e}"
+        if getattr(args, "debug", False):
+            import traceback
+
+            traceback.print_exc()
+        print(msg, file=sys.stderr)
+        _log(args, msg)
+        return e.exit_code if isinstance(e, SandboxError) else 1
     except KeyboardInterrupt:
         return 130
 

@@ -1,48 +1,102 @@
-"""``sandbox list``, ``sandbox state ID``, ``sandbox kill ID [SIGNAL]``: the containers that
-``sandbox run`` recorded under ``--root``, as runc's verbs of the same names show them."""
+"""``sandbox state ID``, ``list``, ``kill [--all] ID [SIGNAL]``, ``ps ID``: the containers
+recorded under ``--root``, as runc's verbs of the same names show and signal them."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
-import time
 
 import msgspec
 
 from mounts.errors import SandboxError
-from sandbox.state import StateDir, list_states
-
-
-def _find(args):
-    state = StateDir(args.root, args.id).read()
-    if state is None:
-        raise SandboxError(f"container {args.id!r} does not exist (under {args.root})")
-    return state
+from sandbox.state import State, StateDir, list_states
 
 
 def main(args) -> int:
     if args.verb == "list":
-        rows = [("ID", "PID", "STATUS", "CREATED", "BUNDLE")]
-        rows += [(s.id, str(s.pid), s.status, time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(s.created)), s.bundle)
-                 for s in list_states(args.root)]
-        widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        for r in rows:
-            sys.stdout.write("  ".join(f"{c:<{widths[i]}}" for i, c in enumerate(r[:4])) + "  " + r[4] + "\n")
-        return 0
-    state = _find(args)
+        return _list(args)
+    state = StateDir(args.root, args.container_id).load()
     if args.verb == "state":
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(state).decode(), indent=2) + "\n")
-        return 0
-    name = args.signal.upper()
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(state.public()).decode(), indent=2) + "\n")
+    elif args.verb == "kill":
+        if state.status == "stopped":
+            raise SandboxError(f"container {state.id!r} is not running")
+        signum = parse_signal(args.signal)
+        if args.all:
+            signal_all(state, signum)
+        else:
+            os.kill(state.pid, signum)
+    else:  # ps
+        pids = container_pids(state)
+        if args.format == "json":
+            sys.stdout.write(msgspec.json.encode(pids).decode() + "\n")
+        else:
+            sys.stdout.write("PID    CMD\n")
+            for pid in pids:
+                sys.stdout.write(f"{pid:<6} {_cmdline(pid)}\n")
+    return 0
+
+
+def _list(args) -> int:
+    states = list_states(args.root)
+    if args.quiet:
+        sys.stdout.write("".join(s.id + "\n" for s in states))
+    elif args.format == "json":
+        sys.stdout.write(msgspec.json.encode([s.public() for s in states]).decode() + "\n")
+    else:
+        rows = [("ID", "PID", "STATUS", "BUNDLE", "CREATED", "OWNER")]
+        rows += [(s.id, str(s.public()["pid"]), s.status, s.bundle, s.created, s.owner) for s in states]
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        for r in rows:
+            sys.stdout.write("  ".join(f"{c:<{widths[i]}}" for i, c in enumerate(r[:5])) + "  " + r[5] + "\n")
+    return 0
+
+
+def parse_signal(value: str) -> int:
+    """KILL, SIGKILL, kill or 9."""
+    name = value.upper()
     if name.isascii() and name.isdigit() and len(name) <= 3:
         signum = int(name)
     else:
         signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name, None)
     if not isinstance(signum, int) or signum not in signal.valid_signals():
-        raise SandboxError(f"kill: unknown signal {args.signal!r}")
+        raise SandboxError(f"kill: unknown signal {value!r}")
+    return signum
+
+
+def container_pids(state: State) -> list[int]:
+    """The init and every process in its pid namespace (all of them when the container
+    has one of its own; just the init when it shares the host's)."""
     try:
-        os.kill(state.pid, signum)
-    except ProcessLookupError:
-        raise SandboxError(f"container {args.id!r} has exited") from None
-    return 0
+        ns = os.stat(f"/proc/{state.pid}/ns/pid").st_ino
+        own = ns != os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return []
+    if not own:
+        return [state.pid]
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}/ns/pid").st_ino == ns:
+                    pids.append(int(name))
+            except OSError:
+                pass
+    return sorted(pids)
+
+
+def signal_all(state: State, signum: int) -> None:
+    for pid in container_pids(state) or [state.pid]:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"

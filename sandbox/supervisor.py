@@ -1,6 +1,6 @@
 """The supervisor's wait (anyio on trio): forward SIGINT/SIGTERM/SIGHUP to the container and
 wait for it to exit. Only imported once the container has started: the event loop costs
-~100 ms to import, and nothing before this point needs it (see sandbox/run_cmd.py).
+~100 ms to import, and nothing before this point needs it (see sandbox/run_cmd.py, sandbox/launch.py).
 The supervisor itself never unshares or mounts anything."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 
 import anyio
 
-from sandbox.run_cmd import FORWARDED
+from sandbox.launch import FORWARDED
 
 
 async def _wait_exit(pid: int) -> int:

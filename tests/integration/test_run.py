@@ -178,7 +178,7 @@ def test_two_containers_at_once_and_id_in_use(make_bundle, driver_root, tmp_path
     b = sandbox("run", quick, "--id", "two", "--root", tmp_path / "state")
     assert b.returncode == 0, b.stderr
     c = sandbox("run", quick, "--id", "one", "--root", tmp_path / "state")
-    assert c.returncode == 1 and "'one' is in use" in c.stderr
+    assert c.returncode == 1 and "'one' already exists" in c.stderr
     assert (tmp_path / "state/one/state.json").exists()  # the refused run left a's state alone
     a.kill()
     a.wait()
@@ -192,7 +192,7 @@ def test_state_records_the_running_container(make_bundle, tmp_path):
     assert p.stdout.readline().strip() == "started"
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        state = json.loads((tmp_path / "state/st1/state.json").read_text())
+        state = json.loads(sandbox("state", "st1", "--root", tmp_path / "state").stdout)
         if state["status"] == "running":
             break
         time.sleep(0.02)

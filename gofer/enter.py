@@ -1,0 +1,108 @@
+"""A new process inside a running container (``sandbox exec``): join every namespace of its
+init, then set the process up exactly as the init was (gofer/process.py) and exec.
+
+::
+
+    sandbox exec (P)             child (C)                      process (G)
+    ----------------             ---------                      -----------
+    subreaper (unless -d)
+    fork ------------------->    setns ipc, uts, net, pid,
+                                 cgroup, then mnt (our root
+                                 becomes the container's)
+                                 fork ----------------------->  rlimits, pty, user, caps,
+                  <-- "pid N" -- exit 0                         umask, cwd, env, exec
+    reap C; G is now ours
+                  <---------------------- EOF (exec'd) or "err CODE MESSAGE" --
+
+The pid namespace applies to children only, hence C forks G. With --detach P returns once G
+exec'd and G is left to P's caller (a subreaper such as conmon); without it P reaps G.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import prctl
+
+from gofer import process
+from gofer import syscalls as sc
+from mounts.errors import SandboxError
+from mounts.spec import Process
+
+# mnt last: joining it moves our root and cwd into the container, after which the host's
+# /proc/<pid>/ns files are out of reach (all fds are opened first anyway).
+NAMESPACES = (("ipc", sc.CLONE_NEWIPC), ("uts", sc.CLONE_NEWUTS), ("net", sc.CLONE_NEWNET),
+              ("pid", sc.CLONE_NEWPID), ("cgroup", sc.CLONE_NEWCGROUP), ("mnt", sc.CLONE_NEWNS))
+
+
+def spawn(init: int, proc: Process, console: socket.socket | None = None, preserve_fds: int = 0,
+          detach: bool = False) -> int:
+    """Start ``proc`` in the namespaces of ``init``; returns its pid (as the host sees it)
+    once it has exec'd. Raises a one-line SandboxError if it could not."""
+    fds = []
+    try:
+        for name, flag in NAMESPACES:
+            theirs = f"/proc/{init}/ns/{name}"
+            if os.stat(theirs).st_ino != os.stat(f"/proc/self/ns/{name}").st_ino:
+                fds.append((os.open(theirs, os.O_RDONLY | os.O_CLOEXEC), flag, name))
+    except OSError as e:
+        for fd, _, _ in fds:
+            os.close(fd)
+        raise SandboxError(f"pid {init}: cannot open its namespaces: {e.strerror}") from None
+    if not detach:
+        prctl.set_child_subreaper(1)  # G becomes ours when C exits
+    r, w = os.pipe2(os.O_CLOEXEC)
+    child = os.fork()
+    if child == 0:
+        os.close(r)
+        _child(fds, proc, console, preserve_fds, w)  # never returns
+    os.close(w)
+    for fd, _, _ in fds:
+        os.close(fd)
+    if console is not None:
+        console.close()
+    with os.fdopen(r, "rb") as f:
+        report = f.read()
+    os.waitpid(child, 0)
+    pid = None
+    for line in report.decode(errors="replace").splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "pid":
+            pid = int(rest)
+        elif word == "err":
+            code, _, message = rest.partition(" ")
+            if pid is not None:
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+            raise SandboxError(message, code=int(code))
+    if pid is None:
+        raise SandboxError("the process could not be started in the container's namespaces")
+    return pid
+
+
+def _child(fds, proc: Process, console, preserve_fds: int, w: int) -> None:
+    code = 1
+    try:
+        for fd, flag, name in fds:
+            sc.setns(fd, flag, what=f"the container's {name} namespace")
+            os.close(fd)
+        pid = os.fork()
+        if pid:
+            os.write(w, f"pid {pid}\n".encode())
+            os._exit(0)
+        sc.cloexec_from(3 + preserve_fds)
+        tty = process.open_console(console, proc) if console is not None else None
+        process.set_rlimits(proc)
+        process.become(proc)
+        process.exec_process(proc, tty=tty, pdeathsig=False)
+    except BaseException as e:
+        msg = str(e) or type(e).__name__
+        code = e.exit_code if isinstance(e, SandboxError) else 1
+        try:
+            os.write(w, f"err {code} {msg}\n".encode())
+        except OSError:
+            pass
+    os._exit(code)

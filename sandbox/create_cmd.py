@@ -1,0 +1,23 @@
+"""``sandbox create ID``: build the whole container (namespaces, every mount, the GPU ones
+included, pivot_root), leave its init waiting on exec.fifo, write its pid, and return. The
+caller (conmon, containerd-shim: a subreaper) becomes the init's parent and reaps it."""
+
+from __future__ import annotations
+
+from sandbox.launch import Gofer, launch, spawn_gofer, write_pid_file
+from sandbox.run_cmd import options
+
+
+def main(args, gofer: Gofer | None = None) -> int:
+    from gofer.spans import Spans
+
+    gofer = gofer or spawn_gofer()
+    spans = Spans(bool(args.trace), 0)
+    started = launch(options(args, detached=True, foreground=False), gofer, spans)
+    if args.pid_file:
+        write_pid_file(args.pid_file, started.pid)
+    if args.trace:
+        from sandbox.trace import write_trace
+
+        write_trace(args.trace, spans.items + started.spans)
+    return 0

@@ -1,0 +1,45 @@
+"""``sandbox delete [--force] ID``: remove a stopped (or never started) container's state,
+killing a created one's init; with --force, a running one's too. Then the poststop hooks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from mounts.errors import SandboxError
+from sandbox.state import StateDir, start_time
+
+
+def main(args) -> int:
+    sd = StateDir(args.root, args.container_id)
+    if not os.path.isdir(sd.dir):
+        if args.force:
+            return 0
+        raise SandboxError(f"container {args.container_id!r} does not exist (under {args.root})")
+    state = sd._read()
+    if state is None:  # a create that died before writing its state: nothing runs
+        sd.remove()
+        return 0
+    status = sd.status(state)
+    if status in ("running", "creating") and not args.force:
+        raise SandboxError(f"cannot delete container {state.id!r} that is not stopped: {status}")
+    if status != "stopped":
+        from sandbox.state_cmd import signal_all
+
+        signal_all(state, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while start_time(state.pid) == state.start_time:
+            if time.monotonic() > deadline:
+                raise SandboxError(f"container {state.id!r}: pid {state.pid} did not die after SIGKILL")
+            time.sleep(0.002)
+    if state.poststop:
+        from gofer.hooks import run_hooks, state_json
+
+        try:
+            run_hooks(state.poststop, "poststop", state_json(state.id, "stopped", 0, state.bundle, state.annotations))
+        except SandboxError as e:
+            print(f"sandbox: warning: {e}", file=sys.stderr)
+    sd.remove()
+    return 0

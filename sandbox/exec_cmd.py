@@ -1,0 +1,91 @@
+"""``sandbox exec ID [ARGS]``: a new process in a running container, set up as its init was.
+
+Without --process the container's own process spec (from its bundle) is the base, and the
+flags change it as runc's do: the args, -e added to the env, --cwd, -u, -g, --cap added,
+--no-new-privs, -t. The work is in gofer/enter.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import msgspec
+
+from mounts.errors import BundleError, SandboxError
+from mounts.spec import Process
+from sandbox.state import StateDir
+
+
+def main(args) -> int:
+    state = StateDir(args.root, args.container_id).load()
+    if state.status not in ("running", "created"):
+        raise SandboxError(f"cannot exec in container {state.id!r}: it is {state.status}")
+    proc = _process(args, state.bundle)
+    console = None
+    if args.console_socket:
+        if not proc.terminal:
+            raise SandboxError("--console-socket needs a terminal (-t or process.terminal)")
+        from gofer.main import _connect
+
+        console = _connect(args.console_socket)
+    from gofer.enter import spawn
+
+    pid = spawn(state.pid, proc, console, args.preserve_fds, args.detach)
+    if args.pid_file:
+        from sandbox.launch import write_pid_file
+
+        write_pid_file(args.pid_file, pid)
+    if args.detach:
+        return 0
+    return _wait(pid)
+
+
+def _process(args, bundle: str) -> Process:
+    if args.process:
+        try:
+            with open(args.process, "rb") as f:
+                return msgspec.json.decode(f.read(), type=Process)
+        except OSError as e:
+            raise BundleError(f"--process {args.process}: {e.strerror}") from None
+        except msgspec.DecodeError as e:
+            raise BundleError(f"--process {args.process}: {e}") from None
+    if not args.args:
+        raise SandboxError("exec: which command? (sandbox exec ID COMMAND..., or --process FILE)")
+    from mounts.spec import load_bundle
+
+    base = load_bundle(bundle).spec.process
+    if base is None:
+        raise BundleError(f"{bundle}/config.json: process is missing")
+    user = base.user
+    if args.user:
+        uid, _, gid = args.user.partition(":")
+        if not uid.isascii() or not uid.isdigit() or (gid and not (gid.isascii() and gid.isdigit())):
+            raise SandboxError(f"--user {args.user!r}: expected UID[:GID] in numbers")
+        user = msgspec.structs.replace(user, uid=int(uid), gid=int(gid) if gid else user.gid)
+    if args.additional_gids:
+        user = msgspec.structs.replace(user, additional_gids=args.additional_gids)
+    caps = base.capabilities
+    if args.cap:
+        from mounts.spec import Capabilities
+
+        caps = caps or Capabilities()
+        caps = Capabilities(*[getattr(caps, f) + args.cap for f in Capabilities.__struct_fields__])
+    return msgspec.structs.replace(base, args=args.args, env=base.env + args.env, cwd=args.cwd or base.cwd,
+                                   user=user, capabilities=caps, terminal=args.tty,
+                                   no_new_privileges=base.no_new_privileges or args.no_new_privs)
+
+
+def _wait(pid: int) -> int:
+    """Our adopted process's exit status (128+N for signal N); signals forwarded to it."""
+    from sandbox.launch import FORWARDED, exit_code
+
+    def forward(signum, _frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    _, status = os.waitpid(pid, 0)
+    return exit_code(status)

@@ -1,0 +1,33 @@
+"""``sandbox features``: what this runtime supports, as the runtime-spec's features JSON."""
+
+from __future__ import annotations
+
+import sys
+
+import msgspec
+
+
+def main(args) -> int:
+    import prctl
+
+    from gofer.rootfs import FLAGS, PROPAGATION
+    from gofer.syscalls import NAMESPACES
+
+    features = {
+        "ociVersionMin": "1.0.0",
+        "ociVersionMax": "1.0.2",
+        "hooks": ["prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"],
+        "mountOptions": sorted(set(FLAGS) | set(PROPAGATION)),
+        "linux": {
+            "namespaces": sorted(n for n in NAMESPACES if n != "user"),
+            "capabilities": sorted("CAP_" + name.upper() for name in prctl.ALL_CAP_NAMES),
+            "cgroup": {"v1": False, "v2": False, "systemd": False, "systemdUser": False},
+            "seccomp": {"enabled": False},
+            "apparmor": {"enabled": False},
+            "selinux": {"enabled": False},
+        },
+        "annotations": {"org.gpu-sandbox.nvidia": "native: NVIDIA_* requests, linux.devices and the "
+                        "NVIDIA hooks are served in-process"},
+    }
+    sys.stdout.write(msgspec.json.format(msgspec.json.encode(features).decode(), indent=2) + "\n")
+    return 0

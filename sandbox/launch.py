@@ -1,0 +1,229 @@
+"""Start a container up to the moment its init is ready: what `sandbox run` and `sandbox
+create` share.
+
+The gofer is forked before anything else is imported, even before the command line is
+parsed (cli.main calls spawn_gofer for run and create): the child imports what it needs and
+starts building the root (unshare, spec mounts) while the parent parses the bundle and
+resolves the GPU closure. The process is single-threaded at the fork and the child runs
+plain Python (no locks held, no exec), so forking here is safe. See docs/design.md.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from typing import NamedTuple
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Gofer(NamedTuple):
+    pid: int
+    sock: socket.socket  # our end of the socketpair
+    t0: int  # CLOCK_MONOTONIC at the fork: the trace's origin
+
+
+def spawn_gofer() -> Gofer:
+    """Fork the gofer; in the child this never returns."""
+    t0 = time.monotonic_ns()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    me = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        from gofer.main import serve
+
+        serve(theirs, t0, me)  # never returns
+    theirs.close()
+    return Gofer(pid, ours, t0)
+
+
+class Options(NamedTuple):
+    """What a launch needs from the command line and the config file."""
+
+    cid: str
+    bundle: str
+    root: str  # the state directory
+    driver_root: str = "/"
+    dev_root: str | None = None
+    gpus: str | None = None
+    capabilities: str | None = None  # --capabilities: overrides the bundle's
+    max_capabilities: str | None = None  # the config file's ceiling
+    scratch_size: str | None = None
+    console_socket: str | None = None
+    preserve_fds: int = 0
+    detached: bool = False  # create: the init waits on exec.fifo and outlives us
+    foreground: bool = False  # `sandbox run`: the state goes when the run ends
+
+
+class Launched(NamedTuple):
+    pid: int  # the init, as the host sees it
+    gofer: int  # our child (the same pid when there is no new pid namespace)
+    spans: list  # the gofer's
+    state: object  # sandbox.state.State as written
+    hooks: object  # the bundle's Hooks we run (mounts.spec.Hooks) or None
+
+
+def launch(opts: Options, gofer: Gofer, spans) -> Launched:
+    """Claim the id, stream the plan, run the runtime-namespace hooks when the gofer pauses,
+    and return once the init is ready. On any failure nothing is left: the gofer and the init
+    are killed, the state directory removed, and the error (one line) raised."""
+    from gofer import protocol
+    from mounts.errors import BundleError, SandboxError
+    from mounts.spec import load_bundle
+    from sandbox.state import StateDir, new_state
+
+    sd = StateDir(opts.root, opts.cid)
+    sd.create(new_state(opts.cid, gofer.pid, opts.bundle, foreground=opts.foreground), fifo=opts.detached)
+    sock = gofer.sock
+    init = None
+    try:
+        error = None
+        try:
+            with spans.span("bundle parse"):
+                bundle = load_bundle(opts.bundle)
+                spec = bundle.spec
+                if spec.process is None:
+                    raise BundleError(f"{bundle.path}/config.json: process is missing: nothing to run")
+                if spec.process.terminal and opts.detached and not opts.console_socket:
+                    raise BundleError(f"{bundle.path}/config.json: process.terminal is set: a detached "
+                                      "container needs --console-socket to hand its terminal to")
+                from mounts.request import gpu_request
+
+                request = gpu_request(spec, opts.gpus, opts.capabilities)
+                if request is not None and opts.max_capabilities:
+                    from sandbox.api import cap_request
+
+                    request = cap_request(request, opts.max_capabilities)
+            for name in spec.unenforced():
+                print(f"sandbox: warning: {name} is set in config.json but not enforced", file=sys.stderr)
+            hooks = spec.hooks.ours() if spec.hooks is not None else None
+            pause = hooks is not None and bool(hooks.prestart or hooks.create_runtime)
+            protocol.send(sock, protocol.Start(
+                spec, bundle.rootfs, bundle.path, spans.enabled, overlay_root=request is not None,
+                scratch_size=opts.scratch_size, id=opts.cid, exec_fifo=sd.fifo if opts.detached else None,
+                console_socket=opts.console_socket, detached=opts.detached, preserve_fds=opts.preserve_fds,
+                hooks_pause=pause))
+            if request is not None:
+                _stream_plan(sock, request, bundle, opts, spans)
+            protocol.send(sock, protocol.End())
+        except BrokenPipeError:
+            pass  # the gofer failed first: its Error frame says why
+        except (SandboxError, OSError) as e:
+            error = e
+            sock.shutdown(socket.SHUT_WR)  # the gofer sees EOF before End and gives up
+        # Every frame until EOF: the socket is close-on-exec, so EOF means the container
+        # exec'd (run), its init waits for start (create: it closes its end after Ready),
+        # or the gofer is gone. An Error after Ready is an exec that failed.
+        t = time.monotonic_ns()
+        ready = failure = None
+        while (msg := _recv(sock)) is not None:
+            if isinstance(msg, protocol.Paused):
+                init = msg.pid
+                failure = failure or _runtime_hooks(hooks, opts, bundle.path, spec.annotations, msg.pid, sock)
+            elif isinstance(msg, protocol.Ready):
+                ready, init = msg, msg.pid
+            else:
+                failure = failure or msg.error()
+        spans.add("wait for the init", t)
+        failure = error or failure
+        if failure is None and ready is None:
+            failure = _gofer_died(gofer.pid)
+        if failure is not None:
+            raise failure
+        state = new_state(opts.cid, ready.pid, bundle.path, bundle.rootfs, spec.annotations,
+                          creating=False, foreground=opts.foreground, hooks=hooks)
+        sd.write(state)
+        return Launched(ready.pid, gofer.pid, ready.spans, state, hooks)
+    except BaseException:
+        for pid in {init, gofer.pid} - {None}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.waitpid(gofer.pid, 0)
+        except ChildProcessError:
+            pass
+        sd.remove()
+        raise
+    finally:
+        sock.close()
+
+
+def _stream_plan(sock, request, bundle, opts: Options, spans) -> None:
+    """Discover the driver and send each action of the plan the moment it is known."""
+    from gofer import protocol
+    from mounts.driver import discover
+    from mounts.plan import iter_plan, layout_of
+
+    with spans.span("discovery"):
+        inventory = discover(opts.driver_root, opts.dev_root)
+        layout = layout_of(bundle.rootfs)
+    t = time.monotonic_ns()
+    n = 0
+    for action in iter_plan(request, inventory, layout):
+        protocol.send(sock, action)
+        n += 1
+    spans.add("closure + stream", t, actions=n)
+
+
+def _recv(sock):
+    from gofer import protocol
+
+    try:
+        return protocol.recv_reply(sock)
+    except (ConnectionResetError, protocol.ProtocolError):
+        return None
+
+
+def _runtime_hooks(hooks, opts: Options, bundle: str, annotations, pid: int, sock):
+    """prestart then createRuntime, in our (the runtime's) namespaces; Resume the gofer, or
+    return the failure (the gofer then sees EOF and gives up)."""
+    from gofer import protocol
+    from gofer.hooks import run_hooks, state_json
+    from mounts.errors import SandboxError
+
+    state = state_json(opts.cid, "creating", pid, bundle, annotations)
+    try:
+        run_hooks(hooks.prestart, "prestart", state)
+        run_hooks(hooks.create_runtime, "createRuntime", state)
+    except SandboxError as e:
+        sock.shutdown(socket.SHUT_WR)
+        return e
+    protocol.send(sock, protocol.Resume())
+    return None
+
+
+def _gofer_died(pid: int):
+    from mounts.errors import SandboxError
+
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return SandboxError("the gofer exited before the container started")
+    code = exit_code(status)
+    how = f"was killed by signal {code - 128}" if code > 128 else f"exited with status {code}"
+    return SandboxError(f"the gofer {how} before the container started")
+
+
+def exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def write_pid_file(path: str, pid: int) -> None:
+    """The init's pid, written atomically (engines read it as soon as we exit)."""
+    from mounts.errors import SandboxError
+
+    path = os.path.abspath(path)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.write(str(pid))
+        os.replace(tmp, path)
+    except OSError as e:
+        raise SandboxError(f"--pid-file {path}: {e.strerror}") from None
