@@ -94,10 +94,11 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int) -> None:
             os.write(w, f"pid {pid}\n".encode())
             os._exit(0)
         sc.cloexec_from(3 + preserve_fds)
-        tty = process.open_console(console, proc) if console is not None else None
+        if console is not None:
+            process.open_console(console, proc)
         process.set_rlimits(proc)
         process.become(proc)
-        process.exec_process(proc, tty=tty, pdeathsig=False)
+        process.exec_process(proc, pdeathsig=False)
     except BaseException as e:
         msg = str(e) or type(e).__name__
         code = e.exit_code if isinstance(e, SandboxError) else 1

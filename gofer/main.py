@@ -161,7 +161,8 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     root.close()
 
     proc = spec.process
-    tty = process.open_console(console, proc) if console is not None else None
+    if console is not None:
+        process.open_console(console, proc)
     with spans.span("user"):
         process.set_rlimits(proc)
         process.become(proc)
@@ -177,7 +178,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         os.close(fifo)
     if hooks is not None and hooks.start_container:
         run_hooks(hooks.start_container, "startContainer", state)
-    process.exec_process(proc, tty=tty, pdeathsig=not start.detached)
+    process.exec_process(proc, pdeathsig=not start.detached)
 
 
 def _hook_state(start: protocol.Start, pid: int) -> bytes:

@@ -77,10 +77,12 @@ def become(proc: Process) -> None:
     prctl.set_keepcaps(False)
 
 
-def open_console(console: socket.socket, proc: Process) -> int:
+def open_console(console: socket.socket, proc: Process) -> None:
     """A new pty from the container's own devpts (called past pivot_root, or after joining
     its mount namespace): the master goes to the console socket (SCM_RIGHTS, as runc sends
-    it), the slave is returned for exec_process to make our stdio and controlling tty."""
+    it), the slave becomes our stdio and controlling terminal in a new session, at once: a
+    created init must let go of its creator's stdio pipes (containerd's shim waits for
+    their EOF before it calls start)."""
     try:
         master, slave = os.openpty()
     except OSError as e:
@@ -94,7 +96,11 @@ def open_console(console: socket.socket, proc: Process) -> int:
     finally:
         os.close(master)
         console.close()
-    return slave
+    os.setsid()
+    fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+    for fd in (0, 1, 2):
+        os.dup2(slave, fd)
+    os.close(slave)
 
 
 def home_of(uid: int) -> str:
@@ -123,7 +129,7 @@ def home_of(uid: int) -> str:
     return "/"
 
 
-def exec_process(proc: Process, tty: int | None = None, pdeathsig: bool = True) -> None:
+def exec_process(proc: Process, pdeathsig: bool = True) -> None:
     """A new session, umask, cwd, HOME, no_new_privs, PDEATHSIG (credential changes cleared
     it), every signal back to its default and none blocked, then execvpe with the spec's
     environment only: nothing of ours, nothing of the caller's. Every fd above 2 is already
@@ -131,12 +137,7 @@ def exec_process(proc: Process, tty: int | None = None, pdeathsig: bool = True) 
     try:
         os.setsid()
     except OSError:
-        pass  # already a session leader (cannot happen for a forked child; harmless)
-    if tty is not None:  # the console's slave: our controlling terminal and stdio
-        fcntl.ioctl(tty, termios.TIOCSCTTY, 0)
-        for fd in (0, 1, 2):
-            os.dup2(tty, fd)
-        os.close(tty)
+        pass  # already the leader of the session our console made
     os.umask(proc.user.umask if proc.user.umask is not None else DEFAULT_UMASK)
     try:
         os.chdir(proc.cwd)

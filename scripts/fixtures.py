@@ -278,8 +278,8 @@ def synthetic_driver(n_libs: int, n_gpus: int = 2, version: str = "999.1.2") -> 
 # --- container root filesystems ----------------------------------------------------------
 
 BUSYBOX_APPLETS = ("sh ls cat echo true false sleep readlink stat id hostname test env mount grep wc "
-                   "mknod umount touch kill cut mkdir rm printf ps head").split()
-ROOTFS_REV = 2  # bump when what rootfs() builds changes: the cached roots are rebuilt
+                   "mknod umount touch kill cut mkdir rm printf ps head tty").split()
+ROOTFS_REV = 3  # bump when what rootfs() builds changes: the cached roots are rebuilt
 GLIBC = ("ld-linux-x86-64.so.2 libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1").split()
 CUDACHECK = r"""
 #include <dlfcn.h>
@@ -398,6 +398,48 @@ def demo_bundle() -> Path:
     )
 
 
+IMAGE = "localhost/gpubox:latest"
+
+
+def image_archive() -> Path:
+    """The Debian-style rootfs as a docker-archive tar (manifest.json, config, one layer):
+    what `podman load`, `ctr images import` and `docker load` all read, with no registry."""
+    import hashlib
+    import tarfile
+
+    out = CACHE / f"gpubox-v{ROOTFS_REV}.tar"
+    if out.exists():
+        return out
+    root = rootfs("debian")
+    tmp = CACHE / "image.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    layer = tmp / "layer.tar"
+    with tarfile.open(layer, "w", format=tarfile.PAX_FORMAT) as t:
+        for path in sorted(root.rglob("*")):
+            if path.name != ".complete":
+                t.add(path, arcname=str(path.relative_to(root)), recursive=False)
+    digest = hashlib.sha256(layer.read_bytes()).hexdigest()
+    config = json.dumps({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["sh"]},
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{digest}"]},
+    }).encode()
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    (tmp / config_name).write_bytes(config)
+    (tmp / digest).mkdir()
+    layer.rename(tmp / digest / "layer.tar")
+    (tmp / "manifest.json").write_text(json.dumps(
+        [{"Config": config_name, "RepoTags": [IMAGE], "Layers": [f"{digest}/layer.tar"]}]))
+    partial = out.with_suffix(".partial.tar")
+    with tarfile.open(partial, "w") as t:
+        for name in ("manifest.json", config_name, f"{digest}/layer.tar"):
+            t.add(tmp / name, arcname=name)
+    partial.rename(out)
+    shutil.rmtree(tmp)
+    return out
+
+
 def compile_project() -> None:
     """Write the .pyc files PYTHONDONTWRITEBYTECODE would leave unwritten (as scripts/setup
     does): benchmarks must not time the compiling of our own modules."""
@@ -411,6 +453,7 @@ def main() -> int:
         "rootfs-debian": rootfs("debian"),
         "rootfs-lib64": rootfs("lib64"),
         "demo": demo_bundle(),
+        "image": image_archive(),
     }
     for name, path in paths.items():  # shell assignments: eval "$(scripts/fixtures.py)"
         print(f"{name.replace('-', '_')}={shlex.quote(str(path))}")

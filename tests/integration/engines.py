@@ -1,0 +1,224 @@
+"""The engines our users run, each started privately under a temp dir with `sandbox` as its
+OCI runtime, used, and stopped by pid: podman (no daemon), containerd (`ctr`), dockerd.
+
+Everything they keep lives under the given directory: podman's --root/--runroot, the
+daemons' state, sockets and our runtime's own --root. What they insist on putting elsewhere
+(containerd's shim sockets under /run/containerd/s, dockerd's /var/run/docker) is removed at
+stop when it was not there before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SANDBOX = str(Path(sys.executable).parent / "sandbox")
+IMAGE = "localhost/gpubox:latest"
+DOCKER = "/usr/bin/docker"  # the Debian client that matches dockerd 20.10 (not /usr/local/bin's)
+
+
+def _wait_gone(pid: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[1][0] == "Z":
+                    return
+        except OSError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+
+
+def _rm_if_new(paths: dict[str, bool]) -> None:
+    """Remove the host paths an engine created that did not exist before it started."""
+    for path, existed in paths.items():
+        if not existed:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class Engine:
+    name = ""
+    runtime_root: Path
+
+    def __init__(self, base: Path, driver_root: Path):
+        self.base = base
+        self.driver_root = driver_root
+        self.runtime_root = base / "sandbox-state"
+        base.mkdir(parents=True, exist_ok=True)
+
+    def cli(self, *args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run([*self.prefix(), *args], capture_output=True, text=True, timeout=timeout, **kw)
+
+    def prefix(self) -> list[str]:
+        raise NotImplementedError
+
+    def run_args(self, gpu: bool) -> list[str]:
+        """What goes between `run` and the image: our runtime, no network, the GPU env."""
+        raise NotImplementedError
+
+    def run(self, name: str, *cmd: str, gpu: bool = False, detach: bool = False, tty: bool = False,
+            rm: bool = True) -> list[str]:
+        """The argv of `ENGINE run` for ``cmd`` in our image (a container called ``name``)."""
+        flags = (["--rm"] if rm else []) + (["-d"] if detach else []) + (["-t"] if tty else [])
+        if self.name == "containerd":
+            return [*self.prefix(), "run", *flags, *self.run_args(gpu), IMAGE, name, *cmd]
+        return [*self.prefix(), "run", *flags, "--name", name, *self.run_args(gpu), IMAGE, *cmd]
+
+    def exec(self, name: str, *cmd: str, tty: bool = False) -> list[str]:
+        flags = ["-t"] if tty else []
+        if self.name == "containerd":
+            return [*self.prefix(), "task", "exec", *flags, "--exec-id", f"e{time.monotonic_ns()}", name, *cmd]
+        return [*self.prefix(), "exec", *flags, name, *cmd]
+
+    def remove(self, name: str) -> None:
+        """Stop (SIGKILL after a second) and remove the container."""
+        if self.name == "containerd":
+            self.cli("task", "kill", "-s", "SIGKILL", name)
+            deadline = time.monotonic() + 20
+            while "RUNNING" in self.cli("task", "ls").stdout and time.monotonic() < deadline:
+                time.sleep(0.1)
+            for args in (("task", "rm", name), ("c", "rm", name)):
+                r = self.cli(*args)
+                assert r.returncode == 0, r.stderr
+        else:
+            for args in (("stop", "-t", "1", name), ("rm", name)):
+                r = self.cli(*args)
+                assert r.returncode == 0, r.stderr
+
+    def bundle_of(self, name: str) -> Path:
+        """The bundle our runtime was given for the running container ``name`` (its state)."""
+        for state in self.base.rglob("state.json"):
+            data = json.loads(state.read_text())
+            if data.get("id", "").startswith(name) or name in data.get("annotations", {}).values():
+                return Path(data["bundle"])
+        if self.name != "containerd":
+            full = self.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
+            for state in self.base.rglob(f"{full}/state.json"):
+                return Path(json.loads(state.read_text())["bundle"])
+        raise AssertionError(f"no state of ours for {name} under {self.base}")
+
+
+class Podman(Engine):
+    name = "podman"
+
+    def prefix(self) -> list[str]:
+        b = self.base
+        return ["podman", "--root", str(b / "root"), "--runroot", str(b / "runroot"), "--tmpdir", str(b / "tmp"),
+                "--storage-driver", "overlay", "--cgroup-manager", "cgroupfs", "--events-backend", "file",
+                "--runtime", SANDBOX, "--runtime-flag", f"driver-root={self.driver_root}",
+                "--runtime-flag", f"root={self.runtime_root}"]
+
+    def start(self, image: Path) -> None:
+        r = self.cli("load", "-i", str(image))
+        assert r.returncode == 0, r.stderr
+
+    def run_args(self, gpu: bool) -> list[str]:
+        # this VM gives us no CAP_SYS_RESOURCE for podman's default nofile/nproc limits
+        args = ["--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
+        return args + (["-e", "NVIDIA_VISIBLE_DEVICES=all"] if gpu else [])
+
+    def stop(self) -> None:
+        self.cli("rm", "-af", "-t", "1")
+        for pidfile in (self.base / "runroot").glob("overlay-containers/*/userdata/conmon.pid"):
+            try:
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+        subprocess.run(["umount", "-R", str(self.base / "root/overlay")], capture_output=True)
+        subprocess.run(["umount", "-R", str(self.base / "root")], capture_output=True)
+
+
+class Containerd(Engine):
+    name = "containerd"
+
+    def start(self, image: Path) -> None:
+        b = self.base
+        self.host_paths = {p: os.path.exists(p) for p in ("/run/containerd",)}
+        (b / "config.toml").write_text(
+            f'version = 2\nroot = "{b}/root"\nstate = "{b}/state"\n'
+            'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+            f'[grpc]\n  address = "{b}/containerd.sock"\n[ttrpc]\n  address = "{b}/containerd.sock.ttrpc"\n'
+            f'[debug]\n  address = "{b}/debug.sock"\n')
+        (b / "sandbox.toml").write_text(f'driver-root = "{self.driver_root}"\n')
+        env = dict(os.environ, SANDBOX_CONFIG=str(b / "sandbox.toml"))  # the shims pass it on to us
+        self.log = open(b / "containerd.log", "w")
+        self.proc = subprocess.Popen(["containerd", "--config", str(b / "config.toml")], stdin=subprocess.DEVNULL,
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 30
+        while self.cli("version").returncode != 0:
+            assert time.monotonic() < deadline and self.proc.poll() is None, (b / "containerd.log").read_text()
+            time.sleep(0.1)
+        r = self.cli("images", "import", str(image))
+        assert r.returncode == 0, r.stderr
+
+    def prefix(self) -> list[str]:
+        return ["ctr", "-a", str(self.base / "containerd.sock"), "-n", "test"]
+
+    def run_args(self, gpu: bool) -> list[str]:
+        args = ["--fifo-dir", str(self.base / "fifo"), "--runc-root", str(self.runtime_root), "--runc-binary", SANDBOX]
+        return args + (["--env", "NVIDIA_VISIBLE_DEVICES=all"] if gpu else [])
+
+    def stop(self) -> None:
+        for task in self.cli("task", "ls", "-q").stdout.split():
+            self.cli("task", "kill", "-s", "SIGKILL", task)
+        time.sleep(0.3)
+        for c in self.cli("c", "ls", "-q").stdout.split():
+            self.cli("task", "rm", "-f", c)
+            self.cli("c", "rm", c)
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+        subprocess.run(["umount", "-R", str(self.base / "root")], capture_output=True)
+        _rm_if_new(self.host_paths)
+
+
+class Docker(Engine):
+    name = "docker"
+
+    def start(self, image: Path) -> None:
+        b = self.base
+        self.host_paths = {p: os.path.exists(p) for p in ("/var/run/docker", "/run/containerd")}
+        config = {"iptables": False, "ip6tables": False, "ip-forward": False, "ip-masq": False, "bridge": "none",
+                  "storage-driver": "overlay2",
+                  "runtimes": {"sandbox": {"path": SANDBOX, "runtimeArgs": ["--driver-root", str(self.driver_root)]}}}
+        (b / "daemon.json").write_text(json.dumps(config))
+        self.log = open(b / "dockerd.log", "w")
+        self.proc = subprocess.Popen(
+            ["dockerd", "--config-file", str(b / "daemon.json"), "--data-root", str(b / "data"),
+             "--exec-root", str(b / "exec"), "--pidfile", str(b / "dockerd.pid"), "-H", f"unix://{b}/docker.sock"],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while self.cli("version").returncode != 0:
+            assert time.monotonic() < deadline and self.proc.poll() is None, (b / "dockerd.log").read_text()
+            time.sleep(0.2)
+        r = self.cli("load", "-i", str(image))
+        assert r.returncode == 0, r.stderr
+        # docker keeps its own runc root; ours is the one under exec-root it passes as --root
+        self.runtime_root = b / "exec/runtime-sandbox/moby"
+
+    def prefix(self) -> list[str]:
+        return [DOCKER, "-H", f"unix://{self.base}/docker.sock"]
+
+    def run_args(self, gpu: bool) -> list[str]:
+        return ["--runtime", "sandbox", "--network", "none"] + (["-e", "NVIDIA_VISIBLE_DEVICES=all"] if gpu else [])
+
+    def stop(self) -> None:
+        ids = self.cli("ps", "-aq").stdout.split()
+        if ids:
+            self.cli("rm", "-f", *ids)
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+        self.log.close()
+        subprocess.run(["umount", "-R", str(self.base / "data")], capture_output=True)
+        subprocess.run(["umount", "-R", str(self.base / "exec")], capture_output=True)
+        _rm_if_new(self.host_paths)
+
+
+ENGINES = {"podman": Podman, "containerd": Containerd, "docker": Docker}
