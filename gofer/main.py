@@ -107,10 +107,11 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     hooks = spec.hooks.ours() if spec.hooks is not None else None
 
     with spans.span("unshare"):
-        flags = rootfs.enter_namespaces(spec)
+        flags, joined = rootfs.enter_namespaces(spec)
         if flags & sc.CLONE_NEWNET:
             sc.loopback_up()
-    if flags & sc.CLONE_NEWPID:
+    new_pid = (flags | joined) & sc.CLONE_NEWPID
+    if new_pid:
         # A new pid namespace applies to children: fork its pid 1 now, before any mount, so
         # that procfs is mounted from inside the namespace it should show.
         t = time.monotonic_ns()
@@ -123,7 +124,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         if not start.detached:
             prctl.set_pdeathsig(signal.SIGKILL)
     host_pid = spans.pid = _host_pid()  # read while /proc is still the host's
-    if flags & sc.CLONE_NEWPID:
+    if new_pid:
         spans.add("fork pid 1", t)
     # Host-side files the init needs after pivot_root are opened now, while they are visible.
     fifo = os.open(start.exec_fifo, os.O_RDWR | os.O_CLOEXEC) if start.exec_fifo else None

@@ -56,8 +56,10 @@ def parse_options(options: list[str]) -> tuple[int, int, str]:
 
 
 def namespace_flags(spec: Spec) -> tuple[int, list[tuple[str, str]]]:
-    """(flags to unshare, [(type, path)] to join). A mount namespace is always new."""
-    flags = sc.CLONE_NEWNS
+    """(flags to unshare, [(type, path)] to join). The mount namespace is new unless the
+    spec names one by path: a container never shares the runtime's own (mounting into the
+    host's tree and chroot-ing, as runc does then, is refused by not doing it)."""
+    flags = 0
     join = []
     for ns in spec.linux.namespaces:
         if ns.type not in sc.NAMESPACES:
@@ -68,13 +70,18 @@ def namespace_flags(spec: Spec) -> tuple[int, list[tuple[str, str]]]:
             join.append((ns.type, ns.path))
         else:
             flags |= sc.NAMESPACES[ns.type]
+    if not any(t == "mount" for t, _ in join):
+        flags |= sc.CLONE_NEWNS
+    join.sort(key=lambda item: item[0] == "mount")  # last: it changes our root
     return flags, join
 
 
-def enter_namespaces(spec: Spec) -> int:
-    """Join the namespaces the spec names by path, then unshare the new ones. Returns the
-    unshared flags (the caller forks pid 1 when CLONE_NEWPID is among them)."""
+def enter_namespaces(spec: Spec) -> tuple[int, int]:
+    """Join the namespaces the spec names by path, then unshare the new ones. Returns
+    (unshared flags, joined flags): the caller forks pid 1 when a pid namespace is among
+    either (it applies to children only)."""
     flags, join = namespace_flags(spec)
+    joined = 0
     for nstype, path in join:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -84,13 +91,14 @@ def enter_namespaces(spec: Spec) -> int:
             sc.setns(fd, sc.NAMESPACES[nstype], what=f"{nstype} namespace {path}")
         finally:
             os.close(fd)
+        joined |= sc.NAMESPACES[nstype]
     try:
         sc.unshare(flags)
     except OSError as e:
         names = ", ".join(n for n, bit in sc.NAMESPACES.items() if flags & bit)
         hint = " (sandbox run needs root)" if e.errno == errno.EPERM else ""
         raise MountError("linux.namespaces", f"cannot create the {names} namespaces: {e.strerror}{hint}") from None
-    return flags
+    return flags, joined
 
 
 def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: str | None = None) -> Root:

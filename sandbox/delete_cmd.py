@@ -1,5 +1,7 @@
-"""``sandbox delete [--force] ID``: remove a stopped (or never started) container's state,
-killing a created one's init; with --force, a running one's too. Then the poststop hooks."""
+"""``sandbox delete [--force] ID``: remove a stopped container's state; with --force a
+created or running one's too, after killing every process in it. Then the poststop hooks.
+(runc deletes a created container without --force; the runtime spec says a container that
+is not stopped MUST NOT be deleted, and so do we.)"""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ def main(args) -> int:
         sd.remove()
         return 0
     status = sd.status(state)
-    if status in ("running", "creating") and not args.force:
+    if status != "stopped" and not args.force:
         raise SandboxError(f"cannot delete container {state.id!r} that is not stopped: {status}")
     if status != "stopped":
         from sandbox.state_cmd import signal_all
