@@ -18,20 +18,34 @@ import prctl
 
 from gofer import syscalls as sc
 from mounts.errors import ExecError, ProcessError
-from mounts.spec import RLIM_MAX, Capabilities, Process
+from mounts.spec import CAP_NUMBERS, RLIM_MAX, Capabilities, Process
 
 NO_CAPABILITIES = Capabilities()
 DEFAULT_UMASK = 0o022  # runc's, whatever the caller's was
 MAX_PASSWD = 4 << 20
 
 
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return prctl.CAP_LAST_CAP
+
+
+LAST_CAP = _last_cap()  # read now: after pivot_root /proc may be another (or none)
+
+
 def _cap_numbers(names: list[str], field: str) -> set[int]:
+    """The numbers of ``names`` (checked when the spec was parsed) that this kernel has;
+    one it does not know is left out, as runc leaves it out."""
     caps = set()
     for name in names:
-        short = name.lower().removeprefix("cap_")
-        if short not in prctl.ALL_CAP_NAMES:
+        number = CAP_NUMBERS.get(name.upper())
+        if number is None:
             raise ProcessError(f"process.capabilities.{field}: unknown capability {name!r}", code=2)
-        caps.add(getattr(prctl, "CAP_" + short.upper()))
+        if number <= LAST_CAP:
+            caps.add(number)
     return caps
 
 
@@ -60,7 +74,7 @@ def become(proc: Process) -> None:
     inheritable = _cap_numbers(caps.inheritable, "inheritable")
     effective = _cap_numbers(caps.effective, "effective")
     ambient = _cap_numbers(caps.ambient, "ambient")
-    for cap in range(0, prctl.CAP_LAST_CAP + 1):
+    for cap in range(0, LAST_CAP + 1):
         if cap not in keep:
             prctl.capbset_drop(cap)
     prctl.set_keepcaps(True)

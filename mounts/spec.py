@@ -168,6 +168,14 @@ _UNENFORCED_PROCESS = (("apparmor_profile", "apparmorProfile"), ("selinux_label"
 _decoder = msgspec.json.Decoder(Spec)
 
 
+# Linux capabilities by number (linux/capability.h); the spec names them CAP_<NAME>.
+CAPABILITIES = (
+    "chown dac_override dac_read_search fowner fsetid kill setgid setuid setpcap linux_immutable "
+    "net_bind_service net_broadcast net_admin net_raw ipc_lock ipc_owner sys_module sys_rawio "
+    "sys_chroot sys_ptrace sys_pacct sys_admin sys_boot sys_nice sys_resource sys_time "
+    "sys_tty_config mknod lease audit_write audit_control setfcap mac_override mac_admin syslog "
+    "wake_alarm block_suspend audit_read perfmon bpf checkpoint_restore").split()
+CAP_NUMBERS = {"CAP_" + name.upper(): i for i, name in enumerate(CAPABILITIES)}
 UINT32_MAX = (1 << 32) - 1
 RLIM_MAX = (1 << 64) - 1  # RLIM_INFINITY as the spec writes it ("unlimited")
 RLIMITS = frozenset(
@@ -206,6 +214,11 @@ def _validate(spec: Spec, path: str) -> None:
             check(gid, 0, UINT32_MAX, f"process.user.additionalGids[{i}]")
         if proc.user.umask is not None:
             check(proc.user.umask, 0, 0o7777, "process.user.umask")
+        if proc.capabilities is not None:
+            for field in Capabilities.__struct_fields__:
+                for name in getattr(proc.capabilities, field):
+                    if name.upper() not in CAP_NUMBERS:
+                        raise BundleError(f"{path}: process.capabilities.{field}: unknown capability {name!r}")
         for i, rl in enumerate(proc.rlimits):
             if rl.type not in RLIMITS:
                 raise BundleError(f"{path}: process.rlimits[{i}].type: unknown limit {rl.type!r}")

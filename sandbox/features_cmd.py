@@ -8,10 +8,9 @@ import msgspec
 
 
 def main(args) -> int:
-    import prctl
-
     from gofer.rootfs import FLAGS, PROPAGATION
     from gofer.syscalls import NAMESPACES
+    from mounts.spec import CAP_NUMBERS
 
     features = {
         "ociVersionMin": "1.0.0",
@@ -20,7 +19,7 @@ def main(args) -> int:
         "mountOptions": sorted(set(FLAGS) | set(PROPAGATION)),
         "linux": {
             "namespaces": sorted(n for n in NAMESPACES if n != "user"),
-            "capabilities": sorted("CAP_" + name.upper() for name in prctl.ALL_CAP_NAMES),
+            "capabilities": sorted(CAP_NUMBERS),
             "cgroup": {"v1": False, "v2": False, "systemd": False, "systemdUser": False},
             "seccomp": {"enabled": False},
             "apparmor": {"enabled": False},
