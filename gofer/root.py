@@ -47,13 +47,15 @@ def _unescape(field: str) -> str:
 
 
 def _mounts_below(host_dir: str) -> list[str]:
-    """Mount points strictly below ``host_dir`` in our namespace, outermost only."""
+    """Mount points strictly below ``host_dir`` in our namespace, outermost only, in the
+    order they were mounted (mountinfo's): put back in that order they keep it, as the
+    spec's mounts list wants."""
     prefix = host_dir.rstrip("/") + "/"
     with open("/proc/self/mountinfo") as f:
-        points = sorted({_unescape(line.split(" ", 5)[4]) for line in f} - {host_dir})
+        points = [_unescape(line.split(" ", 5)[4]) for line in f]
     out: list[str] = []
     for mp in points:
-        if mp.startswith(prefix) and not any(mp.startswith(o + "/") for o in out):
+        if mp.startswith(prefix) and mp not in out and not any(mp.startswith(o + "/") for o in out):
             out.append(mp)
     return out
 
