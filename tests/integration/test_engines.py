@@ -11,8 +11,8 @@ import subprocess
 
 import fixtures
 import pytest
+from engines import ENGINES
 
-from tests.integration.engines import ENGINES
 from tests.integration.helpers import mount_table
 from tests.integration.test_hook import check_gpu_output
 

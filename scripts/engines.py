@@ -1,5 +1,7 @@
-"""The engines our users run, each started privately under a temp dir with `sandbox` as its
-OCI runtime, used, and stopped by pid: podman (no daemon), containerd (`ctr`), dockerd.
+"""The engines our users run, each started privately under a temp dir with `sandbox` (or
+runc, to compare) as its OCI runtime, used, and stopped by pid: podman (no daemon),
+containerd (`ctr`), dockerd. Used by tests/integration/test_engines.py and
+scripts/bench/engines.py.
 
 Everything they keep lives under the given directory: podman's --root/--runroot, the
 daemons' state, sockets and our runtime's own --root. What they insist on putting elsewhere
@@ -14,12 +16,15 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-SANDBOX = str(Path(sys.executable).parent / "sandbox")
-IMAGE = "localhost/gpubox:latest"
+import fixtures
+
+REPO = Path(__file__).resolve().parent.parent
+SANDBOX = str(REPO / ".venv/bin/sandbox")
+RUNC = shutil.which("runc") or "/usr/sbin/runc"
+IMAGE = fixtures.IMAGE
 DOCKER = "/usr/bin/docker"  # the Debian client that matches dockerd 20.10 (not /usr/local/bin's)
 
 
@@ -56,20 +61,22 @@ class Engine:
     def cli(self, *args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
         return subprocess.run([*self.prefix(), *args], capture_output=True, text=True, timeout=timeout, **kw)
 
-    def prefix(self) -> list[str]:
+    def prefix(self, runtime: str = "sandbox") -> list[str]:
         raise NotImplementedError
 
-    def run_args(self, gpu: bool) -> list[str]:
-        """What goes between `run` and the image: our runtime, no network, the GPU env."""
+    def run_args(self, gpu: bool, runtime: str = "sandbox") -> list[str]:
+        """What goes between `run` and the image: the runtime, no network, the GPU env."""
         raise NotImplementedError
 
     def run(self, name: str, *cmd: str, gpu: bool = False, detach: bool = False, tty: bool = False,
-            rm: bool = True) -> list[str]:
-        """The argv of `ENGINE run` for ``cmd`` in our image (a container called ``name``)."""
+            rm: bool = True, runtime: str = "sandbox") -> list[str]:
+        """The argv of `ENGINE run` for ``cmd`` in our image (a container called ``name``),
+        with ``runtime`` (sandbox or runc) as the OCI runtime."""
         flags = (["--rm"] if rm else []) + (["-d"] if detach else []) + (["-t"] if tty else [])
+        args = self.run_args(gpu, runtime)
         if self.name == "containerd":
-            return [*self.prefix(), "run", *flags, *self.run_args(gpu), IMAGE, name, *cmd]
-        return [*self.prefix(), "run", *flags, "--name", name, *self.run_args(gpu), IMAGE, *cmd]
+            return [*self.prefix(runtime), "run", *flags, *args, IMAGE, name, *cmd]
+        return [*self.prefix(runtime), "run", *flags, "--name", name, *args, IMAGE, *cmd]
 
     def exec(self, name: str, *cmd: str, tty: bool = False) -> list[str]:
         flags = ["-t"] if tty else []
@@ -108,18 +115,20 @@ class Engine:
 class Podman(Engine):
     name = "podman"
 
-    def prefix(self) -> list[str]:
+    def prefix(self, runtime: str = "sandbox") -> list[str]:
         b = self.base
-        return ["podman", "--root", str(b / "root"), "--runroot", str(b / "runroot"), "--tmpdir", str(b / "tmp"),
-                "--storage-driver", "overlay", "--cgroup-manager", "cgroupfs", "--events-backend", "file",
-                "--runtime", SANDBOX, "--runtime-flag", f"driver-root={self.driver_root}",
+        common = ["podman", "--root", str(b / "root"), "--runroot", str(b / "runroot"), "--tmpdir", str(b / "tmp"),
+                  "--storage-driver", "overlay", "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
+        if runtime == "runc":
+            return [*common, "--runtime", RUNC, "--runtime-flag", f"root={self.base / 'runc-state'}"]
+        return [*common, "--runtime", SANDBOX, "--runtime-flag", f"driver-root={self.driver_root}",
                 "--runtime-flag", f"root={self.runtime_root}"]
 
     def start(self, image: Path) -> None:
         r = self.cli("load", "-i", str(image))
         assert r.returncode == 0, r.stderr
 
-    def run_args(self, gpu: bool) -> list[str]:
+    def run_args(self, gpu: bool, runtime: str = "sandbox") -> list[str]:
         # this VM gives us no CAP_SYS_RESOURCE for podman's default nofile/nproc limits
         args = ["--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
         return args + (["-e", "NVIDIA_VISIBLE_DEVICES=all"] if gpu else [])
@@ -158,11 +167,12 @@ class Containerd(Engine):
         r = self.cli("images", "import", str(image))
         assert r.returncode == 0, r.stderr
 
-    def prefix(self) -> list[str]:
+    def prefix(self, runtime: str = "sandbox") -> list[str]:
         return ["ctr", "-a", str(self.base / "containerd.sock"), "-n", "test"]
 
-    def run_args(self, gpu: bool) -> list[str]:
-        args = ["--fifo-dir", str(self.base / "fifo"), "--runc-root", str(self.runtime_root), "--runc-binary", SANDBOX]
+    def run_args(self, gpu: bool, runtime: str = "sandbox") -> list[str]:
+        root, binary = (self.base / "runc-state", RUNC) if runtime == "runc" else (self.runtime_root, SANDBOX)
+        args = ["--fifo-dir", str(self.base / "fifo"), "--runc-root", str(root), "--runc-binary", binary]
         return args + (["--env", "NVIDIA_VISIBLE_DEVICES=all"] if gpu else [])
 
     def stop(self) -> None:
@@ -187,7 +197,8 @@ class Docker(Engine):
         self.host_paths = {p: os.path.exists(p) for p in ("/var/run/docker", "/run/containerd")}
         config = {"iptables": False, "ip6tables": False, "ip-forward": False, "ip-masq": False, "bridge": "none",
                   "storage-driver": "overlay2",
-                  "runtimes": {"sandbox": {"path": SANDBOX, "runtimeArgs": ["--driver-root", str(self.driver_root)]}}}
+                  "runtimes": {"sandbox": {"path": SANDBOX, "runtimeArgs": ["--driver-root", str(self.driver_root)]},
+                               "plainrunc": {"path": RUNC}}}
         (b / "daemon.json").write_text(json.dumps(config))
         self.log = open(b / "dockerd.log", "w")
         self.proc = subprocess.Popen(
@@ -203,11 +214,12 @@ class Docker(Engine):
         # docker keeps its own runc root; ours is the one under exec-root it passes as --root
         self.runtime_root = b / "exec/runtime-sandbox/moby"
 
-    def prefix(self) -> list[str]:
+    def prefix(self, runtime: str = "sandbox") -> list[str]:
         return [DOCKER, "-H", f"unix://{self.base}/docker.sock"]
 
-    def run_args(self, gpu: bool) -> list[str]:
-        return ["--runtime", "sandbox", "--network", "none"] + (["-e", "NVIDIA_VISIBLE_DEVICES=all"] if gpu else [])
+    def run_args(self, gpu: bool, runtime: str = "sandbox") -> list[str]:
+        name = "plainrunc" if runtime == "runc" else "sandbox"
+        return ["--runtime", name, "--network", "none"] + (["-e", "NVIDIA_VISIBLE_DEVICES=all"] if gpu else [])
 
     def stop(self) -> None:
         ids = self.cli("ps", "-aq").stdout.split()
