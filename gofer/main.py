@@ -172,9 +172,13 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         prctl.set_pdeathsig(0)  # before Ready: the supervisor exits as soon as it reads it
     protocol.send(sock, protocol.Ready(spans.items, host_pid))
     if fifo is not None:
-        # create: wait for start. The FIFO is open read-write, so this read blocks until
-        # `sandbox start` writes its byte (no writer-less EOF can end it early).
+        # create: the supervisor records our pid, then says Resume; EOF instead means it
+        # died before any state names us, so nobody could ever start or delete us: give up.
+        if not isinstance(protocol.recv_request(sock), protocol.Resume):
+            raise GoferError("the supervisor exited before recording the container")
         sock.close()
+        # Wait for start. The FIFO is open read-write, so this read blocks until `sandbox
+        # start` writes its byte (no writer-less EOF can end it early).
         os.read(fifo, 1)
         os.close(fifo)
     if hooks is not None and hooks.start_container:

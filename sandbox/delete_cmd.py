@@ -6,7 +6,6 @@ is not stopped MUST NOT be deleted, and so do we.)"""
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 
@@ -30,7 +29,7 @@ def main(args) -> int:
     if status != "stopped":
         from sandbox.state_cmd import signal_all
 
-        signal_all(state, signal.SIGKILL)
+        signal_all(state, 9)  # SIGKILL
         deadline = time.monotonic() + 10
         while start_time(state.pid) == state.start_time:
             if time.monotonic() > deadline:
@@ -40,7 +39,7 @@ def main(args) -> int:
         from gofer.hooks import run_hooks, state_json
 
         try:
-            run_hooks(state.poststop, "poststop", state_json(state.id, "stopped", 0, state.bundle, state.annotations))
+            run_hooks(state.hooks("poststop"), "poststop", state_json(state.id, "stopped", 0, state.bundle, state.annotations))
         except SandboxError as e:
             print(f"sandbox: warning: {e}", file=sys.stderr)
     sd.remove()

@@ -23,21 +23,6 @@ import msgspec
 from mounts.errors import BundleError, SandboxError
 
 HOOK_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
-MAIN = "from sandbox.cli import main; sys.exit(main(sys.argv[1:]))"
-
-
-def entry_code() -> str:
-    """The hook's -c program. It runs with -S (no site: ~3 ms less per container start), so
-    it puts this installation's import paths on sys.path itself."""
-    import sysconfig
-
-    import sandbox
-
-    here = os.path.dirname(os.path.dirname(os.path.abspath(sandbox.__file__)))
-    paths = list(dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], here]))
-    return f"import sys; sys.path[:0] = {paths!r}; {MAIN}"
-
-
 class ContainerState(msgspec.Struct):
     """What runc and crun write to a hook's stdin."""
 
@@ -104,6 +89,8 @@ def install(args) -> int:
         raise BundleError(f"{config}: hooks must be an object")
     # argv[0] is the venv's own python. -I: no PYTHON* variables, no user site, no cwd on
     # sys.path; -S: no site at all (entry_code sets the paths); -c rather than -m: no runpy.
+    from sandbox.launcher import MAIN, entry_code
+
     hook_args = [sys.executable, "-I", "-S", "-c", entry_code(), "hook",
                  "--driver-root", os.path.abspath(args.driver_root)]
     if args.dev_root:

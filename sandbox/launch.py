@@ -126,6 +126,10 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                 failure = failure or _runtime_hooks(hooks, opts, bundle.path, spec.annotations, msg.pid, sock)
             elif isinstance(msg, protocol.Ready):
                 ready, init = msg, msg.pid
+                if opts.detached and failure is None:
+                    # the init waits for this before it blocks on exec.fifo (see gofer/main.py)
+                    sd.write(_state(opts, ready.pid, bundle, spec, hooks))
+                    protocol.send(sock, protocol.Resume())
             else:
                 failure = failure or msg.error()
         spans.add("wait for the init", t)
@@ -134,8 +138,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
             failure = _gofer_died(gofer.pid)
         if failure is not None:
             raise failure
-        state = new_state(opts.cid, ready.pid, bundle.path, bundle.rootfs, spec.annotations,
-                          creating=False, foreground=opts.foreground, hooks=hooks)
+        state = _state(opts, ready.pid, bundle, spec, hooks)
         sd.write(state)
         return Launched(ready.pid, gofer.pid, ready.spans, state, hooks)
     except BaseException:
@@ -152,6 +155,13 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
         raise
     finally:
         sock.close()
+
+
+def _state(opts: Options, pid: int, bundle, spec, hooks):
+    from sandbox.state import new_state
+
+    return new_state(opts.cid, pid, bundle.path, bundle.rootfs, spec.annotations, creating=False,
+                     foreground=opts.foreground, hooks=hooks)
 
 
 def _stream_plan(sock, request, bundle, opts: Options, spans) -> None:

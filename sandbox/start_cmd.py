@@ -36,7 +36,7 @@ def release(sd: StateDir, state: State) -> None:
         from gofer.hooks import run_hooks, state_json
 
         try:
-            run_hooks(state.poststart, "poststart", state_json(state.id, "running", state.pid, state.bundle,
+            run_hooks(state.hooks("poststart"), "poststart", state_json(state.id, "running", state.pid, state.bundle,
                                                               state.annotations))
         except SandboxError as e:
             import sys

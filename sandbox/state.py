@@ -6,52 +6,65 @@ create: a recycled pid is never taken for the container. The status is derived, 
 stored: ``creating`` until the init is ready, ``created`` while the FIFO exists, ``running``
 after start, ``stopped`` once the init is gone (or a zombie nobody reaped yet).
 
-Kept small and free of heavy imports: every verb but create pays for this module.
+Every verb imports this module, and engines run start, state, kill and delete once per
+container: it imports nothing but os, time and the `_json` accelerator (sandbox/jsonlite.py).
 """
 
 from __future__ import annotations
 
+import errno
 import os
-import re
-import shutil
 import time
 
-import msgspec
-
 from mounts.errors import SandboxError
-from mounts.spec import Hook
+from sandbox import jsonlite
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,1023}$")
 FIFO = "exec.fifo"
 OCI_VERSION = "1.0.2"
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.+-")
 
 
-class State(msgspec.Struct, omit_defaults=True):
-    """What state.json holds (and, with the derived status, what ``sandbox state`` prints)."""
+class State:
+    """What state.json holds; ``status`` is derived when it is loaded."""
 
-    ociVersion: str  # noqa: N815 - the OCI state's own field names
-    id: str
-    status: str
-    pid: int
-    bundle: str
-    rootfs: str = ""
-    created: str = ""
-    owner: str = ""
-    annotations: dict[str, str] = {}
-    start_time: int = 0  # clock ticks after boot, /proc/PID/stat field 22
-    creating: bool = False  # the init has not reported ready yet
-    foreground: bool = False  # kept by `sandbox run BUNDLE`, removed when it ends
-    poststart: list[Hook] = []  # the bundle's, for start and delete to run
-    poststop: list[Hook] = []
+    FIELDS = ("id", "pid", "bundle", "rootfs", "created", "owner", "annotations", "start_time", "creating",
+              "foreground", "poststart", "poststop")
+
+    def __init__(self, id: str, pid: int, bundle: str, rootfs: str = "", created: str = "", owner: str = "",
+                 annotations: dict | None = None, start_time: int = 0, creating: bool = False,
+                 foreground: bool = False, poststart: list | None = None, poststop: list | None = None):
+        self.id, self.pid, self.bundle, self.rootfs, self.created, self.owner = id, pid, bundle, rootfs, created, owner
+        self.annotations = annotations or {}
+        self.start_time = start_time  # clock ticks after boot, /proc/PID/stat field 22
+        self.creating = creating  # the init has not reported ready yet
+        self.foreground = foreground  # kept by `sandbox run BUNDLE`, removed when it ends
+        self.poststart = poststart or []  # the bundle's hooks (as in config.json), for start
+        self.poststop = poststop or []  # ... and for delete
+        self.status = "creating"
+
+    def to_json(self) -> str:
+        return jsonlite.dumps({f: getattr(self, f) for f in self.FIELDS})
 
     def public(self) -> dict:
         """The OCI state (plus runc's rootfs, created, owner) as `sandbox state` prints it."""
-        out = {"ociVersion": self.ociVersion, "id": self.id, "pid": self.pid if self.status != "stopped" else 0,
+        out = {"ociVersion": OCI_VERSION, "id": self.id, "pid": self.pid if self.status != "stopped" else 0,
                "status": self.status, "bundle": self.bundle, "rootfs": self.rootfs, "created": self.created,
                "owner": self.owner}
         if self.annotations:
             out["annotations"] = self.annotations
         return out
+
+    def hooks(self, stage: str) -> list:
+        """The poststart or poststop hooks, as mounts.spec.Hook (imports msgspec: only when
+        there are any)."""
+        raw = getattr(self, stage)
+        if not raw:
+            return []
+        import msgspec
+
+        from mounts.spec import Hook
+
+        return msgspec.convert(raw, list[Hook])
 
 
 def start_time(pid: int) -> int | None:
@@ -68,45 +81,60 @@ def start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def valid_id(cid: str) -> bool:
+    return 0 < len(cid) <= 1024 and cid[0] not in "._+-" and set(cid) <= _ID_CHARS
+
+
 class StateDir:
     def __init__(self, root: str, cid: str):
-        if not _ID.match(cid):
+        if not valid_id(cid):
             raise SandboxError(f"container id {cid!r} is invalid (letters, digits, _.+- only)")
         self.root = root
         self.dir = os.path.join(root, cid)
         self.id = cid
-        self.owned = False
 
     @property
     def fifo(self) -> str:
         return os.path.join(self.dir, FIFO)
 
     def create(self, state: State, fifo: bool = False) -> None:
-        """Claim the id: mkdir is atomic, so of two creates of one id exactly one wins. A
-        directory left by a crashed create (no readable state) or a foreground run whose
-        init is gone is replaced; anything else is "already exists", as runc says."""
+        """Claim the id: the directory is made under a private name with its state.json (and
+        exec.fifo) inside, then renamed into place; rename(2) onto a directory that is not
+        empty fails, so of two creates of one id exactly one wins, and a directory under the
+        id always has its state. A foreground run whose init is gone is replaced; anything
+        else is "already exists", as runc says."""
+        tmp = os.path.join(self.root, f".{self.id}.{os.getpid()}.tmp")
         try:
             os.makedirs(self.root, mode=0o711, exist_ok=True)
+            os.mkdir(tmp, 0o711)
             try:
-                os.mkdir(self.dir, 0o711)
-            except FileExistsError:
-                old = self._read()
-                if old is not None and not (old.foreground and self.status(old) == "stopped"):
-                    raise SandboxError(f"container {self.id!r} already exists ({self.dir})") from None
-                shutil.rmtree(self.dir, ignore_errors=True)
-                os.mkdir(self.dir, 0o711)  # a concurrent replacer loses here
-            self.owned = True
-            if fifo:
-                os.mkfifo(self.fifo, 0o622)
-            self.write(state)
+                if fifo:
+                    os.mkfifo(os.path.join(tmp, FIFO), 0o622)
+                with open(os.path.join(tmp, "state.json"), "w") as f:
+                    f.write(state.to_json())
+                for _ in range(2):
+                    try:
+                        os.rename(tmp, self.dir)
+                        return
+                    except OSError as e:
+                        if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                            raise
+                    old = self._read()
+                    if old is None or not (old.foreground and self.status(old) == "stopped"):
+                        raise SandboxError(f"container {self.id!r} already exists ({self.dir})")
+                    self.remove()
+                raise SandboxError(f"container {self.id!r} already exists ({self.dir})")
+            except BaseException:
+                StateDir._clear(tmp)
+                raise
         except OSError as e:
             raise SandboxError(f"--root {self.root}: cannot create the state directory {self.dir}: "
                                f"{e.strerror}") from None
 
     def write(self, state: State) -> None:
         tmp = os.path.join(self.dir, "state.json.tmp")
-        with open(tmp, "wb") as f:
-            f.write(msgspec.json.encode(state))
+        with open(tmp, "w") as f:
+            f.write(state.to_json())
         os.replace(tmp, os.path.join(self.dir, "state.json"))
 
     def load(self) -> State:
@@ -119,9 +147,10 @@ class StateDir:
 
     def _read(self) -> State | None:
         try:
-            with open(os.path.join(self.dir, "state.json"), "rb") as f:
-                return msgspec.json.decode(f.read(), type=State)
-        except (OSError, msgspec.DecodeError):
+            with open(os.path.join(self.dir, "state.json")) as f:
+                data = jsonlite.loads(f.read())
+            return State(**{k: data[k] for k in State.FIELDS if k in data})
+        except (OSError, ValueError, TypeError):
             return None
 
     def status(self, state: State) -> str:
@@ -132,16 +161,34 @@ class StateDir:
         return "created" if os.path.exists(self.fifo) else "running"
 
     def remove(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self._clear(self.dir)
+
+    @staticmethod
+    def _clear(directory: str) -> None:
+        """A state directory and what we keep in it (state.json, its .tmp, exec.fifo)."""
+        for name in ("state.json", "state.json.tmp", FIFO):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+        try:
+            os.rmdir(directory)
+        except FileNotFoundError:
+            pass
 
 
 def new_state(cid: str, pid: int, bundle: str, rootfs: str = "", annotations: dict | None = None,
               creating: bool = True, foreground: bool = False, hooks=None) -> State:
+    """``hooks``: the bundle's mounts.spec.Hooks we run (poststart and poststop are kept)."""
     now = time.time_ns()
     created = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now // 10**9)) + f".{now % 10**9:09d}Z"
-    return State(OCI_VERSION, cid, "creating", pid, bundle, rootfs, created, "", dict(annotations or {}),
-                 start_time(pid) or 0, creating, foreground, list(hooks.poststart) if hooks else [],
-                 list(hooks.poststop) if hooks else [])
+    kept = {}
+    if hooks is not None and (hooks.poststart or hooks.poststop):
+        import msgspec
+
+        kept = {stage: msgspec.to_builtins(getattr(hooks, stage)) for stage in ("poststart", "poststop")}
+    return State(cid, pid, bundle, rootfs, created, "", dict(annotations or {}), start_time(pid) or 0,
+                 creating, foreground, **kept)
 
 
 def list_states(root: str) -> list[State]:
@@ -152,7 +199,7 @@ def list_states(root: str) -> list[State]:
         return []
     out = []
     for name in names:
-        if _ID.match(name):
+        if valid_id(name):
             sd = StateDir(root, name)
             st = sd._read()
             if st is not None:

@@ -4,12 +4,10 @@ recorded under ``--root``, as runc's verbs of the same names show and signal the
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
-import msgspec
-
 from mounts.errors import SandboxError
+from sandbox import jsonlite
 from sandbox.state import State, StateDir, list_states
 
 
@@ -18,7 +16,7 @@ def main(args) -> int:
         return _list(args)
     state = StateDir(args.root, args.container_id).load()
     if args.verb == "state":
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(state.public()).decode(), indent=2) + "\n")
+        sys.stdout.write(jsonlite.dumps(state.public(), indent=2) + "\n")
     elif args.verb == "kill":
         if state.status == "stopped":
             raise SandboxError(f"container {state.id!r} is not running")
@@ -30,7 +28,7 @@ def main(args) -> int:
     else:  # ps
         pids = container_pids(state)
         if args.format == "json":
-            sys.stdout.write(msgspec.json.encode(pids).decode() + "\n")
+            sys.stdout.write(jsonlite.dumps(pids) + "\n")
         else:
             sys.stdout.write("PID    CMD\n")
             for pid in pids:
@@ -43,7 +41,7 @@ def _list(args) -> int:
     if args.quiet:
         sys.stdout.write("".join(s.id + "\n" for s in states))
     elif args.format == "json":
-        sys.stdout.write(msgspec.json.encode([s.public() for s in states]).decode() + "\n")
+        sys.stdout.write(jsonlite.dumps([s.public() for s in states]) + "\n")
     else:
         rows = [("ID", "PID", "STATUS", "BUNDLE", "CREATED", "OWNER")]
         rows += [(s.id, str(s.public()["pid"]), s.status, s.bundle, s.created, s.owner) for s in states]
@@ -54,12 +52,14 @@ def _list(args) -> int:
 
 
 def parse_signal(value: str) -> int:
-    """KILL, SIGKILL, kill or 9."""
+    """KILL, SIGKILL, kill or 9 (engines send numbers: the signal module, and the enum it
+    imports, are loaded only for names)."""
     name = value.upper()
-    if name.isascii() and name.isdigit() and len(name) <= 3:
-        signum = int(name)
-    else:
-        signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name, None)
+    if name.isascii() and name.isdigit() and len(name) <= 2 and 0 < int(name) <= 64:
+        return int(name)
+    import signal
+
+    signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name, None)
     if not isinstance(signum, int) or signum not in signal.valid_signals():
         raise SandboxError(f"kill: unknown signal {value!r}")
     return signum

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""What a container costs through each engine with `sandbox` as its OCI runtime, against runc,
+side by side in one run (interleaved), medians:
+
+  ENGINE run --rm IMAGE true    runc | sandbox | sandbox with NVIDIA_VISIBLE_DEVICES=all
+  for podman, containerd (ctr) and dockerd, each started privately (scripts/engines.py)
+
+and each runtime verb alone on one bundle (create, start, state, kill, delete): sandbox
+against runc. Needs root. BENCH_N sets the run count (default 20); BENCH_ENGINES the engines.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import engines  # noqa: E402
+import fixtures  # noqa: E402
+
+N = int(os.environ.get("BENCH_N", "20"))
+
+
+def timed(cmd: list[str], **kw) -> float:
+    """Wall time of ``cmd`` in ms. Its stderr goes to a file, not a pipe: a created
+    container's init inherits it, and a pipe would only end when the container does."""
+    with tempfile.TemporaryFile("w+") as err:
+        t = time.perf_counter()
+        r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err, **kw)
+        dt = (time.perf_counter() - t) * 1e3
+        if r.returncode != 0:
+            err.seek(0)
+            raise SystemExit(f"benchmark command failed ({r.returncode}): {' '.join(cmd)}\n{err.read()}")
+    return dt
+
+
+def bench_engine(name: str, work: Path) -> None:
+    eng = engines.ENGINES[name](work / name, fixtures.driver_535())
+    eng.start(fixtures.image_archive())
+    variants = {"runc": dict(runtime="runc"), "sandbox": dict(runtime="sandbox"),
+                "sandbox+gpu": dict(runtime="sandbox", gpu=True)}
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    try:
+        for i in range(N + 1):  # the first round warms caches and is dropped
+            for v, kw in variants.items():
+                dt = timed(eng.run(f"b{i}{v.replace('+', '')}", "true", **kw))
+                if i:
+                    times[v].append(dt)
+    finally:
+        eng.stop()
+    med = {v: statistics.median(t) for v, t in times.items()}
+    print(f"{name:<11} " + "  ".join(f"{v} {m:6.1f} ms" for v, m in med.items())
+          + f"   sandbox-runc {med['sandbox'] - med['runc']:+.1f} ms, gpu {med['sandbox+gpu'] - med['runc']:+.1f} ms")
+
+
+def bench_verbs(work: Path) -> None:
+    """create / start / state / kill / delete on one no-GPU bundle (`sleep` as the process)."""
+    bundle = fixtures.bundle(work / "verbs", fixtures.rootfs("debian"), ["sleep", "60"])
+    runtimes = {"runc": [engines.RUNC, "--root", str(work / "runc-state")],
+                "sandbox": [engines.SANDBOX, "--root", str(work / "sandbox-state")]}
+    verbs = ("create", "start", "state", "kill", "delete")
+    times = {(r, v): [] for r in runtimes for v in verbs}
+    for i in range(N + 1):
+        for r, base in runtimes.items():
+            cid = f"v{i}"
+            steps = {"create": [*base, "create", "--bundle", str(bundle), cid], "start": [*base, "start", cid],
+                     "state": [*base, "state", cid], "kill": [*base, "kill", cid, "KILL"],
+                     "delete": [*base, "delete", "--force", cid]}
+            for v in verbs:
+                dt = timed(steps[v], stdin=subprocess.DEVNULL)
+                if i:
+                    times[(r, v)].append(dt)
+    for v in verbs:
+        ours, theirs = statistics.median(times[("sandbox", v)]), statistics.median(times[("runc", v)])
+        print(f"  {v:<7} sandbox {ours:6.1f} ms   runc {theirs:6.1f} ms   {ours - theirs:+6.1f} ms")
+
+
+def main() -> int:
+    sys.stdout.reconfigure(line_buffering=True)
+    if os.geteuid() != 0:
+        raise SystemExit("needs root")
+    fixtures.compile_project()
+    names = os.environ.get("BENCH_ENGINES", "podman containerd docker").split()
+    with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp:
+        work = Path(tmp)
+        print(f"runtime verbs alone (median of {N}):")
+        bench_verbs(work)
+        print(f"\n`run --rm IMAGE true` through each engine (median of {N}, interleaved):")
+        for name in names:
+            bench_engine(name, work)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
