@@ -105,6 +105,8 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     if spec.process is None:  # the supervisor refuses such a bundle; never mount for nothing
         raise GoferError("config.json: no process to run")
     hooks = spec.hooks.ours() if spec.hooks is not None else None
+    if hooks is not None and hooks.start_container:
+        import subprocess  # noqa: F401 - startContainer hooks run after pivot_root: nothing to import from then
 
     with spans.span("unshare"):
         flags, joined = rootfs.enter_namespaces(spec)

@@ -360,5 +360,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run(argv: list[str] | None = None) -> None:
+    """main, then exit at once: an engine pays for our teardown on every verb (~7 ms for the
+    modules create imports). Everything we write is closed or flushed by then."""
+    code = main(argv)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

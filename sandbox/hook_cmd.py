@@ -89,7 +89,7 @@ def install(args) -> int:
         raise BundleError(f"{config}: hooks must be an object")
     # argv[0] is the venv's own python. -I: no PYTHON* variables, no user site, no cwd on
     # sys.path; -S: no site at all (entry_code sets the paths); -c rather than -m: no runpy.
-    from sandbox.launcher import MAIN, entry_code
+    from sandbox.launcher import MARK, entry_code
 
     hook_args = [sys.executable, "-I", "-S", "-c", entry_code(), "hook",
                  "--driver-root", os.path.abspath(args.driver_root)]
@@ -102,7 +102,7 @@ def install(args) -> int:
     entry = {"path": sys.executable, "args": hook_args, "env": HOOK_ENV}
     hooks = spec.setdefault("hooks", {})
     for stage in ("prestart", "createRuntime"):
-        hooks[stage] = [h for h in hooks.get(stage, []) if not any(MAIN in a for a in h.get("args", []))]
+        hooks[stage] = [h for h in hooks.get(stage, []) if not any(MARK in a for a in h.get("args", []))]
         if not hooks[stage]:
             del hooks[stage]
     hooks.setdefault(args.stage, []).append(entry)

@@ -139,7 +139,8 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
         if failure is not None:
             raise failure
         state = _state(opts, ready.pid, bundle, spec, hooks)
-        sd.write(state)
+        if not opts.detached:  # (a detached init's state was written before its Resume)
+            sd.write(state)
         return Launched(ready.pid, gofer.pid, ready.spans, state, hooks)
     except BaseException:
         for pid in {init, gofer.pid} - {None}:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
-MAIN = "from sandbox.cli import main; sys.exit(main(sys.argv[1:]))"
+MAIN = "from sandbox.cli import run; run(sys.argv[1:])"
+MARK = "from sandbox.cli import"  # what tells our hook entries (this MAIN or an older one) apart
 
 
 def import_paths() -> list[str]:
