@@ -9,15 +9,18 @@ from sandbox.run_cmd import options
 
 
 def main(args, gofer: Gofer | None = None) -> int:
+    import os
+
     from gofer.spans import Spans
 
     gofer = gofer or spawn_gofer()
-    spans = Spans(bool(args.trace), 0)
+    spans = Spans(True, os.getpid())  # kept only if a trace is asked for (flag or annotation)
+    spans.add("imports + argv", gofer.t0)
     started = launch(options(args, detached=True, foreground=False), gofer, spans)
     if args.pid_file:
         write_pid_file(args.pid_file, started.pid)
-    if args.trace:
+    if started.trace:
         from sandbox.trace import write_trace
 
-        write_trace(args.trace, spans.items + started.spans)
+        write_trace(started.trace, spans.items + started.spans)
     return 0

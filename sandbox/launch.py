@@ -18,6 +18,7 @@ import time
 from typing import NamedTuple
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+TRACE_ANNOTATION = "org.gpu-sandbox.trace"  # a bundle may ask for a startup trace itself
 
 
 class Gofer(NamedTuple):
@@ -57,6 +58,7 @@ class Options(NamedTuple):
     preserve_fds: int = 0
     detached: bool = False  # create: the init waits on exec.fifo and outlives us
     foreground: bool = False  # `sandbox run`: the state goes when the run ends
+    trace: str | None = None  # --trace FILE
 
 
 class Launched(NamedTuple):
@@ -65,6 +67,7 @@ class Launched(NamedTuple):
     spans: list  # the gofer's
     state: object  # sandbox.state.State as written
     hooks: object  # the bundle's Hooks we run (mounts.spec.Hooks) or None
+    trace: str | None  # where to write the startup trace: --trace, else the bundle's annotation
 
 
 def launch(opts: Options, gofer: Gofer, spans) -> Launched:
@@ -102,6 +105,8 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                 print(f"sandbox: warning: {name} is set in config.json but not enforced", file=sys.stderr)
             hooks = spec.hooks.ours() if spec.hooks is not None else None
             pause = hooks is not None and bool(hooks.prestart or hooks.create_runtime)
+            trace = opts.trace or _annotated_trace(spec.annotations.get(TRACE_ANNOTATION), opts)
+            spans.enabled = bool(trace)
             protocol.send(sock, protocol.Start(
                 spec, bundle.rootfs, bundle.path, spans.enabled, overlay_root=request is not None,
                 scratch_size=opts.scratch_size, id=opts.cid, exec_fifo=sd.fifo if opts.detached else None,
@@ -141,7 +146,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
         state = _state(opts, ready.pid, bundle, spec, hooks)
         if not opts.detached:  # (a detached init's state was written before its Resume)
             sd.write(state)
-        return Launched(ready.pid, gofer.pid, ready.spans, state, hooks)
+        return Launched(ready.pid, gofer.pid, ready.spans, state, hooks, trace)
     except BaseException:
         for pid in {init, gofer.pid} - {None}:
             try:
@@ -156,6 +161,22 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
         raise
     finally:
         sock.close()
+
+
+def _annotated_trace(value: str | None, opts: Options) -> str | None:
+    """The trace a bundle asks for with its annotation: "true" or a bare file name, written
+    under ``<--root>/traces/``. Never a path: annotations come from whoever writes the pod
+    spec, and a path would let them overwrite any file of the host's."""
+    from mounts.errors import BundleError
+
+    if not value:
+        return None
+    name = f"{opts.cid}.json" if value.lower() in ("1", "true", "yes") else value
+    if "/" in name or name.startswith(".") or "\0" in name:
+        raise BundleError(f"annotations.{TRACE_ANNOTATION}: {value!r} must be true or a file name, not a path")
+    directory = os.path.join(opts.root, "traces")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    return os.path.join(directory, name)
 
 
 def _state(opts: Options, pid: int, bundle, spec, hooks):

@@ -32,7 +32,7 @@ def main(args, gofer: Gofer | None = None) -> int:
     if args.trace and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
         _kill(pid)
         raise SandboxError(f"--trace {args.trace}: its directory does not exist")
-    spans = Spans(bool(args.trace), os.getpid())
+    spans = Spans(True, os.getpid())  # kept only if a trace is asked for (flag or annotation)
     spans.add("imports + argv", t0)
     opts = options(args, detached=args.detach, foreground=not args.detach)
     try:
@@ -63,8 +63,8 @@ def main(args, gofer: Gofer | None = None) -> int:
     spans.add("supervise", t)
     _warn_hooks(run_hooks, hooks.poststop if hooks else [], "poststop", state)
     sd.remove()
-    if args.trace:
-        _write_trace(args.trace, spans, started.spans)
+    if started.trace:
+        _write_trace(started.trace, spans, started.spans)
     return exit_code(status)
 
 
@@ -75,7 +75,7 @@ def options(args, detached: bool, foreground: bool) -> Options:
     return Options(cid, bundle, args.root, args.driver_root, args.dev_root, getattr(args, "gpus", None),
                    getattr(args, "capabilities", None), getattr(args, "max_capabilities", None),
                    getattr(args, "scratch_size", None), args.console_socket, args.preserve_fds,
-                   detached, foreground)
+                   detached, foreground, args.trace)
 
 
 def _warn_hooks(run_hooks, hooks, stage: str, state: bytes) -> None:

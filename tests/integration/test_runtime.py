@@ -302,3 +302,19 @@ def test_sigkill_of_create_mid_way_leaves_nothing(make_bundle, tmp_path, driver_
         p.send_signal(signal.SIGKILL)
         p.wait()
         rt(tmp_path, "delete", "--force", f"k{delay}")
+
+
+def test_trace_from_the_flag_or_the_annotation(make_bundle, tmp_path, clean_host):
+    from sandbox.trace import read_trace
+
+    bundle = make_bundle(["true"], annotations={"org.gpu-sandbox.trace": "true"})
+    assert create(tmp_path, bundle, "tr1").returncode == 0
+    names = {e.name for e in read_trace(str(tmp_path / "state/traces/tr1.json"))}
+    assert {"bundle parse", "unshare", "pivot_root", "exec"} <= names
+    assert rt(tmp_path, "delete", "-f", "tr1").returncode == 0
+    assert create(tmp_path, make_bundle(["true"]), "tr2", "--trace", tmp_path / "t2.json").returncode == 0
+    assert "pivot_root" in {e.name for e in read_trace(str(tmp_path / "t2.json"))}
+    rt(tmp_path, "delete", "-f", "tr2")
+    hostile = make_bundle(["true"], annotations={"org.gpu-sandbox.trace": "/etc/passwd"})
+    r = create(tmp_path, hostile, "tr3")
+    assert r.returncode == 2 and "not a path" in r.stderr and not (tmp_path / "state/tr3").exists()
