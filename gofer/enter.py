@@ -27,8 +27,9 @@ import prctl
 
 from gofer import process
 from gofer import syscalls as sc
+from gofer.seccomp import compile_filter
 from mounts.errors import SandboxError
-from mounts.spec import Process
+from mounts.spec import Process, Seccomp
 
 # mnt last: joining it moves our root and cwd into the container, after which the host's
 # /proc/<pid>/ns files are out of reach (all fds are opened first anyway).
@@ -37,7 +38,7 @@ NAMESPACES = (("ipc", sc.CLONE_NEWIPC), ("uts", sc.CLONE_NEWUTS), ("net", sc.CLO
 
 
 def spawn(init: int, proc: Process, console: socket.socket | None = None, preserve_fds: int = 0,
-          detach: bool = False) -> int:
+          detach: bool = False, seccomp: Seccomp | None = None) -> int:
     """Start ``proc`` in the namespaces of ``init``; returns its pid (as the host sees it)
     once it has exec'd. Raises a one-line SandboxError if it could not."""
     fds = []
@@ -56,7 +57,7 @@ def spawn(init: int, proc: Process, console: socket.socket | None = None, preser
     child = os.fork()
     if child == 0:
         os.close(r)
-        _child(fds, proc, console, preserve_fds, w)  # never returns
+        _child(fds, proc, console, preserve_fds, w, seccomp)  # never returns
     os.close(w)
     for fd, _, _ in fds:
         os.close(fd)
@@ -83,9 +84,11 @@ def spawn(init: int, proc: Process, console: socket.socket | None = None, preser
     return pid
 
 
-def _child(fds, proc: Process, console, preserve_fds: int, w: int) -> None:
+def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Seccomp | None) -> None:
     code = 1
     try:
+        # the container's filter too, built while libseccomp (a host library) is reachable
+        filt = compile_filter(seccomp) if seccomp is not None else None
         for fd, flag, name in fds:
             sc.setns(fd, flag, what=f"the container's {name} namespace")
             os.close(fd)
@@ -97,8 +100,8 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int) -> None:
         if console is not None:
             process.open_console(console, proc)
         process.set_rlimits(proc)
-        process.become(proc)
-        process.exec_process(proc, pdeathsig=False)
+        process.become(proc, filt)
+        process.exec_process(proc, pdeathsig=False, seccomp=filt)
     except BaseException as e:
         msg = str(e) or type(e).__name__
         code = e.exit_code if isinstance(e, SandboxError) else 1

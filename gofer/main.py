@@ -14,7 +14,7 @@ import time
 
 import prctl
 
-from gofer import gpu, process, protocol, rootfs
+from gofer import gpu, process, protocol, rootfs, seccomp
 from gofer import syscalls as sc
 from gofer.hooks import run_hooks, state_json
 from gofer.root import Root
@@ -131,6 +131,8 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     # Host-side files the init needs after pivot_root are opened now, while they are visible.
     fifo = os.open(start.exec_fifo, os.O_RDWR | os.O_CLOEXEC) if start.exec_fifo else None
     console = _connect(start.console_socket) if start.console_socket else None
+    # libseccomp is a host library: load it and build the filter before pivot_root
+    filt = seccomp.compile_filter(spec.linux.seccomp) if spec.linux.seccomp is not None else None
 
     with spans.span("rootfs"):
         root = rootfs.prepare_root(spec, start.rootfs, start.overlay_root, start.scratch_size)
@@ -168,7 +170,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         process.open_console(console, proc)
     with spans.span("user"):
         process.set_rlimits(proc)
-        process.become(proc)
+        process.become(proc, filt)
     spans.add("exec", time.monotonic_ns())
     if start.detached:
         prctl.set_pdeathsig(0)  # before Ready: the supervisor exits as soon as it reads it
@@ -185,7 +187,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         os.close(fifo)
     if hooks is not None and hooks.start_container:
         run_hooks(hooks.start_container, "startContainer", state)
-    process.exec_process(proc, pdeathsig=not start.detached)
+    process.exec_process(proc, pdeathsig=not start.detached, seccomp=filt)
 
 
 def _hook_state(start: protocol.Start, pid: int) -> bytes:

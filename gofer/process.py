@@ -61,13 +61,18 @@ def set_rlimits(proc: Process) -> None:
                                f"{getattr(e, 'strerror', None) or e}") from None
 
 
-def become(proc: Process) -> None:
+def become(proc: Process, seccomp=None) -> None:
     """Switch to the spec's user with exactly the spec's capabilities; a spec without
-    ``capabilities`` gets none at all, as under runc (all five sets empty).
+    ``capabilities`` gets none at all, as under runc (all five sets empty). A seccomp filter
+    (gofer/seccomp.py) is loaded here when no_new_privs is off, else by exec_process.
 
     Order matters: the bounding set is cut while we still hold CAP_SETPCAP; KEEPCAPS keeps
     the permitted set across setuid to a non-zero uid; then one capset(2) for effective,
     permitted and inheritable, and last ambient (needs the cap permitted and inheritable)."""
+    if seccomp is not None and not proc.no_new_privileges:
+        # without no_new_privs a filter needs CAP_SYS_ADMIN to load: load it while we still
+        # have it, before the user and capabilities change (runc's order too)
+        seccomp.load()
     caps = proc.capabilities or NO_CAPABILITIES
     keep = _cap_numbers(caps.bounding, "bounding")
     permitted = _cap_numbers(caps.permitted, "permitted")
@@ -143,7 +148,7 @@ def home_of(uid: int) -> str:
     return "/"
 
 
-def exec_process(proc: Process, pdeathsig: bool = True) -> None:
+def exec_process(proc: Process, pdeathsig: bool = True, seccomp=None) -> None:
     """A new session, umask, cwd, HOME, no_new_privs, PDEATHSIG (credential changes cleared
     it), every signal back to its default and none blocked, then execvpe with the spec's
     environment only: nothing of ours, nothing of the caller's. Every fd above 2 is already
@@ -173,6 +178,8 @@ def exec_process(proc: Process, pdeathsig: bool = True) -> None:
             except (OSError, ValueError):
                 pass  # signals the C library reserves (32, 33)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    if seccomp is not None and proc.no_new_privileges:
+        seccomp.load()  # last, so it filters the container and none of our own setup
     try:
         os.execvpe(proc.args[0], proc.args, env)
     except OSError as e:

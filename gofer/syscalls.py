@@ -295,3 +295,90 @@ def loopback_up() -> None:
         req = struct.pack("16sH22x", b"lo", 0)
         flags = struct.unpack_from("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, req))[1]
         fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+
+
+# --- libseccomp (Debian's libseccomp2, as runc links it) -----------------------------------
+
+SCMP_FLTATR_CTL_NNP = 3
+SCMP_FLTATR_CTL_TSYNC = 4
+SCMP_FLTATR_CTL_LOG = 6
+SCMP_FLTATR_CTL_SSB = 7
+SCMP_ACT = {"SCMP_ACT_KILL": 0x00000000, "SCMP_ACT_KILL_THREAD": 0x00000000, "SCMP_ACT_KILL_PROCESS": 0x80000000,
+            "SCMP_ACT_TRAP": 0x00030000, "SCMP_ACT_ERRNO": 0x00050000, "SCMP_ACT_TRACE": 0x7FF00000,
+            "SCMP_ACT_ALLOW": 0x7FFF0000, "SCMP_ACT_LOG": 0x7FFC0000}
+SCMP_CMP = {"SCMP_CMP_NE": 1, "SCMP_CMP_LT": 2, "SCMP_CMP_LE": 3, "SCMP_CMP_EQ": 4, "SCMP_CMP_GE": 5,
+            "SCMP_CMP_GT": 6, "SCMP_CMP_MASKED_EQ": 7}
+NR_SCMP_ERROR = -1
+
+
+class ScmpArgCmp(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
+                ("datum_b", ctypes.c_uint64)]
+
+
+class Seccomp:
+    """One libseccomp filter context. The library is loaded (dlopen) when the first filter
+    is built: that must happen before pivot_root, while the host's libraries are visible."""
+
+    _lib = None
+
+    @classmethod
+    def lib(cls):
+        if cls._lib is None:
+            try:
+                lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+            except OSError as e:
+                raise SyscallError(errno.ENOENT, "dlopen", f"libseccomp.so.2 ({e}): install libseccomp2") from None
+            lib.seccomp_init.argtypes, lib.seccomp_init.restype = [ctypes.c_uint32], ctypes.c_void_p
+            lib.seccomp_release.argtypes, lib.seccomp_release.restype = [ctypes.c_void_p], None
+            lib.seccomp_arch_resolve_name.argtypes = [ctypes.c_char_p]
+            lib.seccomp_arch_resolve_name.restype = ctypes.c_uint32
+            lib.seccomp_arch_add.argtypes, lib.seccomp_arch_add.restype = [ctypes.c_void_p, ctypes.c_uint32], ctypes.c_int
+            lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+            lib.seccomp_syscall_resolve_name.restype = ctypes.c_int
+            lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+                                                   ctypes.POINTER(ScmpArgCmp)]
+            lib.seccomp_rule_add_array.restype = ctypes.c_int
+            lib.seccomp_attr_set.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
+            lib.seccomp_attr_set.restype = ctypes.c_int
+            lib.seccomp_load.argtypes, lib.seccomp_load.restype = [ctypes.c_void_p], ctypes.c_int
+            cls._lib = lib
+        return cls._lib
+
+    def __init__(self, default_action: int):
+        self._l = self.lib()
+        self.ctx = self._l.seccomp_init(default_action)
+        if not self.ctx:
+            raise SyscallError(errno.EINVAL, "seccomp_init", hex(default_action))
+
+    @staticmethod
+    def _check(res: int, op: str, detail: str) -> int:
+        if res < 0:  # libseccomp returns -errno
+            raise SyscallError(-res, op, detail)
+        return res
+
+    def add_arch(self, name: str) -> bool:
+        """Add an architecture by libseccomp's name (x86_64, x86, x32, aarch64 ...); False
+        if libseccomp does not know it."""
+        token = self._l.seccomp_arch_resolve_name(name.encode())
+        if token == 0:
+            return False
+        res = self._l.seccomp_arch_add(self.ctx, token)
+        if res < 0 and -res != errno.EEXIST:
+            self._check(res, "seccomp_arch_add", name)
+        return True
+
+    def syscall(self, name: str) -> int | None:
+        nr = self._l.seccomp_syscall_resolve_name(name.encode())
+        return None if nr == NR_SCMP_ERROR else nr
+
+    def add_rule(self, action: int, nr: int, args: list[tuple[int, int, int, int]], what: str) -> None:
+        arr = (ScmpArgCmp * max(len(args), 1))(*[ScmpArgCmp(*a) for a in args])
+        self._check(self._l.seccomp_rule_add_array(self.ctx, action, nr, len(args), arr), "seccomp_rule_add", what)
+
+    def set_attr(self, attr: int, value: int) -> None:
+        self._check(self._l.seccomp_attr_set(self.ctx, attr, value), "seccomp_attr_set", str(attr))
+
+    def load(self) -> None:
+        """Install the filter on this thread (needs no_new_privs or CAP_SYS_ADMIN)."""
+        self._check(self._l.seccomp_load(self.ctx), "seccomp_load", "the container's filter")

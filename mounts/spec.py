@@ -123,6 +123,37 @@ class Device(_S):
     gid: int | None = None
 
 
+SECCOMP_ACTIONS = ("SCMP_ACT_KILL", "SCMP_ACT_KILL_THREAD", "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_TRAP",
+                   "SCMP_ACT_ERRNO", "SCMP_ACT_TRACE", "SCMP_ACT_ALLOW", "SCMP_ACT_LOG", "SCMP_ACT_NOTIFY")
+SECCOMP_OPS = ("SCMP_CMP_NE", "SCMP_CMP_LT", "SCMP_CMP_LE", "SCMP_CMP_EQ", "SCMP_CMP_GE", "SCMP_CMP_GT",
+               "SCMP_CMP_MASKED_EQ")
+SECCOMP_FLAGS = ("SECCOMP_FILTER_FLAG_TSYNC", "SECCOMP_FILTER_FLAG_LOG", "SECCOMP_FILTER_FLAG_SPEC_ALLOW")
+
+
+class SeccompArg(_S):
+    index: int
+    op: str
+    value: int = 0
+    value_two: int = 0
+
+
+class SeccompSyscall(_S):
+    names: list[str]
+    action: str
+    errno_ret: int | None = None
+    args: list[SeccompArg] = []
+
+
+class Seccomp(_S):
+    default_action: str
+    default_errno_ret: int | None = None
+    architectures: list[str] = []
+    flags: list[str] = []
+    listener_path: str | None = None
+    listener_metadata: str | None = None
+    syscalls: list[SeccompSyscall] = []
+
+
 class Linux(_S):
     namespaces: list[Namespace] = []
     devices: list[Device] = []
@@ -132,7 +163,7 @@ class Linux(_S):
     # parsed but not enforced by this launcher (named in a warning when set)
     resources: Any = None
     cgroups_path: str | None = None
-    seccomp: Any = None
+    seccomp: Seccomp | None = None
     sysctl: Any = None
     uid_mappings: Any = None
     gid_mappings: Any = None
@@ -159,7 +190,7 @@ class Spec(_S):
         return names
 
 
-_UNENFORCED_LINUX = (("resources", "resources"), ("seccomp", "seccomp"), ("sysctl", "sysctl"),
+_UNENFORCED_LINUX = (("resources", "resources"), ("sysctl", "sysctl"),
                      ("uid_mappings", "uidMappings"), ("gid_mappings", "gidMappings"),
                      ("intel_rdt", "intelRdt"), ("personality", "personality"))
 _UNENFORCED_PROCESS = (("apparmor_profile", "apparmorProfile"), ("selinux_label", "selinuxLabel"),
@@ -224,6 +255,8 @@ def _validate(spec: Spec, path: str) -> None:
                 raise BundleError(f"{path}: process.rlimits[{i}].type: unknown limit {rl.type!r}")
             check(rl.soft, 0, RLIM_MAX, f"process.rlimits[{i}].soft")
             check(rl.hard, 0, RLIM_MAX, f"process.rlimits[{i}].hard")
+    if spec.linux.seccomp is not None:
+        _validate_seccomp(spec.linux.seccomp, path, check)
     for i, d in enumerate(spec.linux.devices):
         for name in ("major", "minor", "uid", "gid"):
             value = getattr(d, name)
@@ -231,6 +264,31 @@ def _validate(spec: Spec, path: str) -> None:
                 check(value, 0, UINT32_MAX, f"linux.devices[{i}].{name}")
         if d.file_mode is not None:
             check(d.file_mode, 0, 0o7777, f"linux.devices[{i}].fileMode")
+
+
+def _validate_seccomp(sc: Seccomp, path: str, check) -> None:
+    where = "linux.seccomp"
+    actions = [(f"{where}.defaultAction", sc.default_action)]
+    actions += [(f"{where}.syscalls[{i}].action", r.action) for i, r in enumerate(sc.syscalls)]
+    for field, action in actions:
+        if action not in SECCOMP_ACTIONS:
+            raise BundleError(f"{path}: {field}: unknown action {action!r}")
+        if action == "SCMP_ACT_NOTIFY":  # needs a listener of the caller's; we have none to offer
+            raise BundleError(f"{path}: {field}: SCMP_ACT_NOTIFY is not supported")
+    for flag in sc.flags:
+        if flag not in SECCOMP_FLAGS:
+            raise BundleError(f"{path}: {where}.flags: unknown flag {flag!r}")
+    if sc.default_errno_ret is not None:
+        check(sc.default_errno_ret, 0, 0xFFFF, f"{where}.defaultErrnoRet")
+    for i, rule in enumerate(sc.syscalls):
+        if rule.errno_ret is not None:
+            check(rule.errno_ret, 0, 0xFFFF, f"{where}.syscalls[{i}].errnoRet")
+        for j, arg in enumerate(rule.args):
+            check(arg.index, 0, 5, f"{where}.syscalls[{i}].args[{j}].index")
+            check(arg.value, 0, (1 << 64) - 1, f"{where}.syscalls[{i}].args[{j}].value")
+            check(arg.value_two, 0, (1 << 64) - 1, f"{where}.syscalls[{i}].args[{j}].valueTwo")
+            if arg.op not in SECCOMP_OPS:
+                raise BundleError(f"{path}: {where}.syscalls[{i}].args[{j}].op: unknown operator {arg.op!r}")
 
 
 def _no_nul(obj, path: str, where: str) -> None:

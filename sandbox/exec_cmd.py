@@ -20,7 +20,10 @@ def main(args) -> int:
     state = StateDir(args.root, args.container_id).load()
     if state.status not in ("running", "created"):
         raise SandboxError(f"cannot exec in container {state.id!r}: it is {state.status}")
-    proc = _process(args, state.bundle)
+    from mounts.spec import load_bundle
+
+    spec = load_bundle(state.bundle).spec
+    proc = _process(args, spec, state.bundle)
     console = None
     if args.console_socket:
         if not proc.terminal:
@@ -30,7 +33,7 @@ def main(args) -> int:
         console = _connect(args.console_socket)
     from gofer.enter import spawn
 
-    pid = spawn(state.pid, proc, console, args.preserve_fds, args.detach)
+    pid = spawn(state.pid, proc, console, args.preserve_fds, args.detach, spec.linux.seccomp)
     if args.pid_file:
         from sandbox.launch import write_pid_file
 
@@ -40,7 +43,7 @@ def main(args) -> int:
     return _wait(pid)
 
 
-def _process(args, bundle: str) -> Process:
+def _process(args, spec, bundle: str) -> Process:
     if args.process:
         try:
             with open(args.process, "rb") as f:
@@ -51,9 +54,7 @@ def _process(args, bundle: str) -> Process:
             raise BundleError(f"--process {args.process}: {e}") from None
     if not args.args:
         raise SandboxError("exec: which command? (sandbox exec ID COMMAND..., or --process FILE)")
-    from mounts.spec import load_bundle
-
-    base = load_bundle(bundle).spec.process
+    base = spec.process
     if base is None:
         raise BundleError(f"{bundle}/config.json: process is missing")
     user = base.user

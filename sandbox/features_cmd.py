@@ -10,7 +10,7 @@ import msgspec
 def main(args) -> int:
     from gofer.rootfs import FLAGS, PROPAGATION
     from gofer.syscalls import NAMESPACES
-    from mounts.spec import CAP_NUMBERS
+    from mounts.spec import CAP_NUMBERS, SECCOMP_ACTIONS, SECCOMP_OPS
 
     features = {
         "ociVersionMin": "1.0.0",
@@ -21,7 +21,9 @@ def main(args) -> int:
             "namespaces": sorted(n for n in NAMESPACES if n != "user"),
             "capabilities": sorted(CAP_NUMBERS),
             "cgroup": {"v1": False, "v2": False, "systemd": False, "systemdUser": False},
-            "seccomp": {"enabled": False},
+            "seccomp": {"enabled": True, "actions": [a for a in SECCOMP_ACTIONS if a != "SCMP_ACT_NOTIFY"],
+                        "operators": list(SECCOMP_OPS), "archs": ["SCMP_ARCH_X86", "SCMP_ARCH_X86_64",
+                                                                  "SCMP_ARCH_X32", "SCMP_ARCH_AARCH64"]},
             "apparmor": {"enabled": False},
             "selinux": {"enabled": False},
         },

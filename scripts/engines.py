@@ -172,7 +172,8 @@ class Containerd(Engine):
 
     def run_args(self, gpu: bool, runtime: str = "sandbox") -> list[str]:
         root, binary = (self.base / "runc-state", RUNC) if runtime == "runc" else (self.runtime_root, SANDBOX)
-        args = ["--fifo-dir", str(self.base / "fifo"), "--runc-root", str(root), "--runc-binary", binary]
+        # --seccomp: containerd's default profile (podman and Docker add theirs unasked)
+        args = ["--seccomp", "--fifo-dir", str(self.base / "fifo"), "--runc-root", str(root), "--runc-binary", binary]
         return args + (["--env", "NVIDIA_VISIBLE_DEVICES=all"] if gpu else [])
 
     def stop(self) -> None:

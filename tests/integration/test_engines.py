@@ -18,7 +18,7 @@ from tests.integration.test_hook import check_gpu_output
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
-GPU_SCRIPT = "ls -l /dev/nvidia*; cudacheck; nvidia-smi; echo nvidia-smi=$?"
+GPU_SCRIPT = "ls -l /dev/nvidia*; cudacheck; nvidia-smi; echo nvidia-smi=$?; grep Seccomp: /proc/self/status"
 
 
 def _our_processes() -> set[int]:
@@ -60,9 +60,11 @@ def _ok(r: subprocess.CompletedProcess) -> str:
 
 
 def test_gpu_container(engine):
+    """GPUs under the engine's own default seccomp profile, which sandbox enforces."""
     out = _ok(subprocess.run(engine.run("gpu1", "sh", "-c", GPU_SCRIPT, gpu=True), capture_output=True,
                              text=True, timeout=120))
     check_gpu_output(out)
+    assert "Seccomp:\t2" in out, out
 
 
 def test_no_gpu_container_has_no_driver(engine):

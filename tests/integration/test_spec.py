@@ -91,12 +91,13 @@ def test_bind_mounts_and_join_a_namespace_by_path(make_bundle, tmp_path):
 
 def test_unenforced_fields_are_named_once(make_bundle, tmp_path):
     spec = fixtures.default_spec(["true"])
-    bundle = make_bundle(linux={**spec["linux"], "seccomp": {"defaultAction": "SCMP_ACT_ALLOW"}})
+    bundle = make_bundle(linux={**spec["linux"], "sysctl": {"net.ipv4.ip_forward": "1"},
+                                "seccomp": {"defaultAction": "SCMP_ACT_ALLOW"}})
     r = run(bundle, tmp_path)
     assert r.returncode == 0
     warnings = [line for line in r.stderr.splitlines() if "warning" in line]
     assert warnings == ["sandbox: warning: linux.resources is set in config.json but not enforced",
-                        "sandbox: warning: linux.seccomp is set in config.json but not enforced"]
+                        "sandbox: warning: linux.sysctl is set in config.json but not enforced"]
 
 
 @pytest.mark.parametrize("tool", ["runc", "crun"])

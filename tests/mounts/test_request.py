@@ -102,8 +102,8 @@ def test_unparsable_requirement():
 def test_unenforced_fields_are_named():
     s = msgspec.convert({"ociVersion": "1", "root": {"path": "r"}, "process": {"args": ["x"], "oomScoreAdj": 5},
                          "hooks": {"prestart": [{"path": "/bin/true"}]},
-                         "linux": {"seccomp": {}, "resources": {}}}, Spec)
-    assert s.unenforced() == ["linux.resources", "linux.seccomp", "process.oomScoreAdj"]  # hooks run now
+                         "linux": {"seccomp": {"defaultAction": "SCMP_ACT_ALLOW"}, "resources": {}}}, Spec)
+    assert s.unenforced() == ["linux.resources", "process.oomScoreAdj"]  # hooks and seccomp are enforced
     assert spec().unenforced() == []
 
 

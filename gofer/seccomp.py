@@ -1,0 +1,55 @@
+"""linux.seccomp, compiled with libseccomp as runc does it: the default action, the
+architectures, every rule with its action, errno and argument comparisons, and the flags.
+
+Syscall names that libseccomp or this kernel's architecture does not know are skipped (a
+profile names syscalls of every kernel); a rule whose action is the default is skipped (it
+would change nothing, and libseccomp refuses it). Comparisons on the same argument cannot be
+ANDed by the kernel's filter: such a rule becomes one rule per comparison, as runc makes it.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from gofer import syscalls as sc
+from mounts.errors import SandboxError
+from mounts.spec import Seccomp
+
+FLAGS = {"SECCOMP_FILTER_FLAG_TSYNC": sc.SCMP_FLTATR_CTL_TSYNC, "SECCOMP_FILTER_FLAG_LOG": sc.SCMP_FLTATR_CTL_LOG,
+         "SECCOMP_FILTER_FLAG_SPEC_ALLOW": sc.SCMP_FLTATR_CTL_SSB}
+
+
+def action(name: str, errno_ret: int | None) -> int:
+    code = sc.SCMP_ACT[name]
+    if name in ("SCMP_ACT_ERRNO", "SCMP_ACT_TRACE"):
+        code |= (errno.EPERM if errno_ret is None else errno_ret) & 0xFFFF
+    return code
+
+
+def compile_filter(spec: Seccomp) -> sc.Seccomp:
+    """The filter context, ready to load. Errors name the field (one line)."""
+    try:
+        default = action(spec.default_action, spec.default_errno_ret)
+        filt = sc.Seccomp(default)
+        # the spec's flags, and never libseccomp's own no_new_privs: the spec decides that
+        filt.set_attr(sc.SCMP_FLTATR_CTL_NNP, 0)
+        for flag in spec.flags:
+            filt.set_attr(FLAGS[flag], 1)
+        for arch in spec.architectures:
+            filt.add_arch(arch.lower().removeprefix("scmp_arch_"))
+        for i, rule in enumerate(spec.syscalls):
+            act = action(rule.action, rule.errno_ret)
+            if act == default:
+                continue
+            args = [(a.index, sc.SCMP_CMP[a.op], a.value, a.value_two) for a in rule.args]
+            indices = [a[0] for a in args]
+            groups = [[a] for a in args] if len(set(indices)) != len(indices) else [args]
+            for name in rule.names:
+                nr = filt.syscall(name)
+                if nr is None:
+                    continue
+                for group in groups:
+                    filt.add_rule(act, nr, group, f"linux.seccomp.syscalls[{i}] {name}")
+        return filt
+    except OSError as e:
+        raise SandboxError(f"linux.seccomp: {e}", op="seccomp", path="linux.seccomp") from None

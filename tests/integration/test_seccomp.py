@@ -1,0 +1,99 @@
+"""linux.seccomp enforced through libseccomp, as runc enforces it: a denied syscall fails with
+the profile's errno, the filter is loaded for the container's process (and exec'd ones),
+unknown syscall names are skipped, and the same bundle behaves the same under runc."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.integration.helpers import sandbox
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+PROBE = "grep -E '^Seccomp' /proc/self/status; mkdir /tmp/x && echo MKDIR-OK; mkdir /tmp/y 2>&1 || echo rc=$?"
+DENY_MKDIR = {
+    "defaultAction": "SCMP_ACT_ALLOW",
+    "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+    "syscalls": [
+        {"names": ["mkdir", "mkdirat", "no_such_syscall_in_any_kernel"], "action": "SCMP_ACT_ERRNO"},
+        {"names": ["chmod"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},
+        {"names": ["personality"], "action": "SCMP_ACT_ERRNO",
+         "args": [{"index": 0, "value": 8, "op": "SCMP_CMP_EQ"}, {"index": 0, "value": 9, "op": "SCMP_CMP_EQ"}]},
+    ],
+}
+
+
+def _bundle(make_bundle, seccomp, nnp=True, args=("sh", "-c", PROBE)):
+    bundle = make_bundle(list(args))
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"]["seccomp"] = seccomp
+    spec["process"]["noNewPrivileges"] = nnp
+    spec["root"]["readonly"] = False
+    spec["mounts"].append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid"]})
+    (bundle / "config.json").write_text(json.dumps(spec))
+    return bundle
+
+
+@pytest.mark.parametrize("nnp", [True, False], ids=["no_new_privs", "privs"])
+def test_denied_syscall_fails_as_under_runc(nnp, make_bundle, tmp_path):
+    bundle = _bundle(make_bundle, DENY_MKDIR, nnp)
+    ours = sandbox("run", bundle, "--root", tmp_path / "ours")
+    theirs = subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "-b", str(bundle), f"sc{os.getpid()}"],
+                            capture_output=True, text=True, timeout=60)
+    assert ours.returncode == 0 and theirs.returncode == 0, (ours.stderr, theirs.stderr)
+    assert "Seccomp:\t2" in ours.stdout and "MKDIR-OK" not in ours.stdout
+    assert "Operation not permitted" in ours.stdout
+    assert ours.stdout == theirs.stdout
+    assert "seccomp" not in ours.stderr  # no "not enforced" warning any more
+
+
+def test_default_errno_and_exec_gets_the_filter(make_bundle, tmp_path):
+    """A deny-by-default profile (defaultErrnoRet ENOSYS) that allows what busybox needs:
+    the process runs, an unlisted syscall fails with ENOSYS; `sandbox exec` is filtered too."""
+    allowed = ("read write open openat close fstat newfstatat stat lstat execve brk mmap munmap mprotect "
+               "arch_prctl set_tid_address rt_sigaction rt_sigprocmask rt_sigreturn exit exit_group getpid "
+               "getppid getuid geteuid getgid getegid ioctl fcntl wait4 clone clone3 vfork fork nanosleep "
+               "clock_nanosleep getcwd chdir dup2 dup3 pipe pipe2 prlimit64 set_robust_list rseq uname "
+               "access faccessat faccessat2 readlink readlinkat getdents64 statx lseek getrandom futex "
+               "sysinfo poll ppoll pselect6 getpgrp setpgid getsid setsid kill tgkill").split()
+    profile = {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 38,
+               "syscalls": [{"names": allowed, "action": "SCMP_ACT_ALLOW"}]}
+    bundle = _bundle(make_bundle, profile, args=("sh", "-c", "mkdir /tmp/z 2>&1; echo done; sleep 30"))
+    state = tmp_path / "state"
+    with open(tmp_path / "out", "w") as out:  # files, not pipes: the init inherits them
+        create = subprocess.run([*sandbox_argv(), "--root", str(state), "create", "--bundle", str(bundle), "f1"],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=60)
+    try:
+        assert create.returncode == 0, (tmp_path / "out").read_text()
+        assert subprocess.run([*sandbox_argv(), "--root", str(state), "start", "f1"]).returncode == 0
+        ex = sandbox("--root", state, "exec", "f1", "sh", "-c", "grep Seccomp: /proc/self/status; mkdir /tmp/w")
+        assert "Seccomp:\t2" in ex.stdout and "Function not implemented" in ex.stderr, (ex.stdout, ex.stderr)
+    finally:
+        sandbox("--root", state, "delete", "-f", "f1")
+    assert "Function not implemented" in (tmp_path / "out").read_text()
+
+
+def sandbox_argv() -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "sandbox.cli"]
+
+
+@pytest.mark.parametrize("bad,words", [
+    ({"defaultAction": "SCMP_ACT_NOPE"}, ["linux.seccomp.defaultAction", "SCMP_ACT_NOPE"]),
+    ({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["mkdir"], "action": "SCMP_ACT_ERRNO",
+                                                       "args": [{"index": 9, "op": "SCMP_CMP_EQ"}]}]},
+     ["args[0].index"]),
+    ({"defaultAction": "SCMP_ACT_NOTIFY"}, ["SCMP_ACT_NOTIFY is not supported"]),
+    ({"defaultAction": "SCMP_ACT_ALLOW", "flags": ["SECCOMP_FILTER_FLAG_BOGUS"]}, ["unknown flag"]),
+])
+def test_bad_profiles_are_one_line(bad, words, make_bundle, tmp_path):
+    r = sandbox("run", _bundle(make_bundle, bad), "--root", tmp_path / "s")
+    lines = [line for line in r.stderr.splitlines() if "warning" not in line]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    for w in words:
+        assert w in lines[0]
