@@ -1,8 +1,9 @@
 """``sandbox run``: start a container and stay with it until it exits (runc's run, and our
 ``sandbox run BUNDLE``); ``-d`` creates and starts it, then leaves it to the caller.
 
-Only once the container has started is the event loop imported (anyio on trio, ~100 ms):
-it supervises the running container, forwarding signals; a failed start never pays it.
+The event loop (anyio on trio, ~100 ms to import) supervises a running container, forwarding
+signals. It is imported only once the container has started and is still running after
+SHORT_LIVED seconds: a failed start, or a container that is done by then, never pays for it.
 """
 
 from __future__ import annotations
@@ -55,17 +56,40 @@ def main(args, gofer: Gofer | None = None) -> int:
         return 0
     _warn_hooks(run_hooks, hooks.poststart if hooks else [], "poststart", state)
     t = time.monotonic_ns()
-    from sandbox.supervisor import wait_container
+    status = _exited_within(pid, SHORT_LIVED)
+    spans.add("wait (short-lived)", t)
+    if status is None:  # still running: the event loop supervises it from here on
+        t = time.monotonic_ns()
+        from sandbox.supervisor import wait_container
 
-    spans.add("import event loop", t)
-    t = time.monotonic_ns()
-    status = wait_container(pid)
-    spans.add("supervise", t)
+        spans.add("import event loop", t)
+        t = time.monotonic_ns()
+        status = wait_container(pid)
+        spans.add("supervise", t)
     _warn_hooks(run_hooks, hooks.poststop if hooks else [], "poststop", state)
     sd.remove()
     if started.trace:
         _write_trace(started.trace, spans, started.spans)
     return exit_code(status)
+
+
+SHORT_LIVED = 0.1  # seconds: a container done by then never pays the event loop's import
+
+
+def _exited_within(pid: int, timeout: float) -> int | None:
+    """The wait status of ``pid`` if it exits within ``timeout``, else None. Signals are
+    forwarded meanwhile by the plain handlers main() installed."""
+    import select
+
+    fd = os.pidfd_open(pid)
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
+    if not readable:
+        return None
+    _, status = os.waitpid(pid, 0)
+    return status
 
 
 def options(args, detached: bool, foreground: bool) -> Options:
