@@ -38,7 +38,7 @@ NAMESPACES = (("ipc", sc.CLONE_NEWIPC), ("uts", sc.CLONE_NEWUTS), ("net", sc.CLO
 
 
 def spawn(init: int, proc: Process, console: socket.socket | None = None, preserve_fds: int = 0,
-          detach: bool = False, seccomp: Seccomp | None = None) -> int:
+          detach: bool = False, seccomp: Seccomp | None = None, cgroups: list[str] = ()) -> int:
     """Start ``proc`` in the namespaces of ``init``; returns its pid (as the host sees it)
     once it has exec'd. Raises a one-line SandboxError if it could not."""
     fds = []
@@ -57,7 +57,7 @@ def spawn(init: int, proc: Process, console: socket.socket | None = None, preser
     child = os.fork()
     if child == 0:
         os.close(r)
-        _child(fds, proc, console, preserve_fds, w, seccomp)  # never returns
+        _child(fds, proc, console, preserve_fds, w, seccomp, cgroups)  # never returns
     os.close(w)
     for fd, _, _ in fds:
         os.close(fd)
@@ -84,9 +84,13 @@ def spawn(init: int, proc: Process, console: socket.socket | None = None, preser
     return pid
 
 
-def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Seccomp | None) -> None:
+def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Seccomp | None,
+           cgroups: list[str]) -> None:
     code = 1
     try:
+        for d in cgroups:  # the container's cgroups, limits and device rules, before anything else
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
         # the container's filter too, built while libseccomp (a host library) is reachable
         filt = compile_filter(seccomp) if seccomp is not None else None
         for fd, flag, name in fds:

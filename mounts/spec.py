@@ -154,6 +154,50 @@ class Seccomp(_S):
     syscalls: list[SeccompSyscall] = []
 
 
+class DeviceRule(_S):
+    allow: bool
+    type: str | None = None  # a (all), c, b; None means all
+    major: int | None = None  # None: any (*)
+    minor: int | None = None
+    access: str | None = None  # some of r, w, m; None means rwm
+
+
+class Memory(_S):
+    limit: int | None = None
+    reservation: int | None = None
+    swap: int | None = None
+    kernel: int | None = None
+    kernel_tcp: int | None = msgspec.field(default=None, name="kernelTCP")
+    swappiness: int | None = None
+    disable_oom_killer: bool | None = None
+
+
+class Cpu(_S):
+    shares: int | None = None
+    quota: int | None = None
+    period: int | None = None
+    realtime_runtime: int | None = None
+    realtime_period: int | None = None
+    cpus: str | None = None
+    mems: str | None = None
+
+
+class Pids(_S):
+    limit: int
+
+
+class Resources(_S):
+    devices: list[DeviceRule] = []
+    memory: Memory | None = None
+    cpu: Cpu | None = None
+    pids: Pids | None = None
+    block_io: Any = msgspec.field(default=None, name="blockIO")
+    hugepage_limits: Any = None
+    network: Any = None
+    rdma: Any = None
+    unified: dict[str, str] | None = None
+
+
 class Linux(_S):
     namespaces: list[Namespace] = []
     devices: list[Device] = []
@@ -161,7 +205,7 @@ class Linux(_S):
     readonly_paths: list[str] = []
     rootfs_propagation: str | None = None
     # parsed but not enforced by this launcher (named in a warning when set)
-    resources: Any = None
+    resources: Resources | None = None
     cgroups_path: str | None = None
     seccomp: Seccomp | None = None
     sysctl: Any = None
@@ -187,12 +231,17 @@ class Spec(_S):
         fields = [(self.linux, "linux", _UNENFORCED_LINUX), (self.process, "process", _UNENFORCED_PROCESS)]
         names = [f"{where}.{camel}" for obj, where, names in fields if obj is not None
                  for attr, camel in names if getattr(obj, attr) is not None]
+        res = self.linux.resources
+        if res is not None:
+            names += [f"linux.resources.{camel}" for attr, camel in _UNENFORCED_RESOURCES if getattr(res, attr)]
         return names
 
 
-_UNENFORCED_LINUX = (("resources", "resources"), ("sysctl", "sysctl"),
+_UNENFORCED_LINUX = (("sysctl", "sysctl"),
                      ("uid_mappings", "uidMappings"), ("gid_mappings", "gidMappings"),
                      ("intel_rdt", "intelRdt"), ("personality", "personality"))
+_UNENFORCED_RESOURCES = (("block_io", "blockIO"), ("hugepage_limits", "hugepageLimits"), ("network", "network"),
+                         ("rdma", "rdma"), ("unified", "unified"))
 _UNENFORCED_PROCESS = (("apparmor_profile", "apparmorProfile"), ("selinux_label", "selinuxLabel"),
                        ("oom_score_adj", "oomScoreAdj"))
 

@@ -35,6 +35,10 @@ def main(args) -> int:
             if time.monotonic() > deadline:
                 raise SandboxError(f"container {state.id!r}: pid {state.pid} did not die after SIGKILL")
             time.sleep(0.002)
+    if state.cgroup_created:
+        from gofer.cgroups import remove_dirs
+
+        remove_dirs(state.cgroup_created)
     if state.poststop:
         from gofer.hooks import run_hooks, state_json
 

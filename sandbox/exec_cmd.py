@@ -33,7 +33,7 @@ def main(args) -> int:
         console = _connect(args.console_socket)
     from gofer.enter import spawn
 
-    pid = spawn(state.pid, proc, console, args.preserve_fds, args.detach, spec.linux.seccomp)
+    pid = spawn(state.pid, proc, console, args.preserve_fds, args.detach, spec.linux.seccomp, state.cgroup)
     if args.pid_file:
         from sandbox.launch import write_pid_file
 

@@ -82,7 +82,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
     sd = StateDir(opts.root, opts.cid)
     sd.create(new_state(opts.cid, gofer.pid, opts.bundle, foreground=opts.foreground), fifo=opts.detached)
     sock = gofer.sock
-    init = None
+    init = cgroup = None
     try:
         error = None
         try:
@@ -101,6 +101,8 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                     from sandbox.api import cap_request
 
                     request = cap_request(request, opts.max_capabilities)
+            with spans.span("cgroup"):
+                cgroup = _cgroup(spec, opts, gofer.pid)
             for name in spec.unenforced():
                 print(f"sandbox: warning: {name} is set in config.json but not enforced", file=sys.stderr)
             hooks = spec.hooks.ours() if spec.hooks is not None else None
@@ -113,7 +115,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                 console_socket=opts.console_socket, detached=opts.detached, preserve_fds=opts.preserve_fds,
                 hooks_pause=pause))
             if request is not None:
-                _stream_plan(sock, request, bundle, opts, spans)
+                _stream_plan(sock, request, bundle, opts, spans, cgroup)
             protocol.send(sock, protocol.End())
         except BrokenPipeError:
             pass  # the gofer failed first: its Error frame says why
@@ -133,7 +135,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                 ready, init = msg, msg.pid
                 if opts.detached and failure is None:
                     # the init waits for this before it blocks on exec.fifo (see gofer/main.py)
-                    sd.write(_state(opts, ready.pid, bundle, spec, hooks))
+                    sd.write(_state(opts, ready.pid, bundle, spec, hooks, cgroup))
                     protocol.send(sock, protocol.Resume())
             else:
                 failure = failure or msg.error()
@@ -143,7 +145,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
             failure = _gofer_died(gofer.pid)
         if failure is not None:
             raise failure
-        state = _state(opts, ready.pid, bundle, spec, hooks)
+        state = _state(opts, ready.pid, bundle, spec, hooks, cgroup)
         if not opts.detached:  # (a detached init's state was written before its Resume)
             sd.write(state)
         return Launched(ready.pid, gofer.pid, ready.spans, state, hooks, trace)
@@ -157,6 +159,8 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
             os.waitpid(gofer.pid, 0)
         except ChildProcessError:
             pass
+        if cgroup is not None:
+            cgroup.remove()
         sd.remove()
         raise
     finally:
@@ -179,14 +183,35 @@ def _annotated_trace(value: str | None, opts: Options) -> str | None:
     return os.path.join(directory, name)
 
 
-def _state(opts: Options, pid: int, bundle, spec, hooks):
+def _state(opts: Options, pid: int, bundle, spec, hooks, cgroup):
     from sandbox.state import new_state
 
     return new_state(opts.cid, pid, bundle.path, bundle.rootfs, spec.annotations, creating=False,
-                     foreground=opts.foreground, hooks=hooks)
+                     foreground=opts.foreground, hooks=hooks, cgroup=cgroup)
 
 
-def _stream_plan(sock, request, bundle, opts: Options, spans) -> None:
+def _cgroup(spec, opts: Options, gofer: int):
+    """The container's cgroup, limits and device rules applied, with the gofer in it before
+    it forks the init (which inherits it). None on a host without cgroup v1 controllers."""
+    from gofer.cgroups import Cgroup
+
+    cgroup = Cgroup(spec.linux.cgroups_path or opts.cid)
+    if not cgroup.dirs:
+        if spec.linux.resources is not None:
+            print("sandbox: warning: linux.resources is not enforced: no cgroup v1 controllers here "
+                  "(cgroup v2 is not supported yet)", file=sys.stderr)
+        return None
+    try:
+        cgroup.create()
+        cgroup.apply(spec.linux.resources, spec.linux.devices)
+        cgroup.add(gofer)
+    except BaseException:
+        cgroup.remove()
+        raise
+    return cgroup
+
+
+def _stream_plan(sock, request, bundle, opts: Options, spans, cgroup=None) -> None:
     """Discover the driver and send each action of the plan the moment it is known."""
     from gofer import protocol
     from mounts.driver import discover
@@ -198,6 +223,8 @@ def _stream_plan(sock, request, bundle, opts: Options, spans) -> None:
     t = time.monotonic_ns()
     n = 0
     for action in iter_plan(request, inventory, layout):
+        if cgroup is not None and action.kind == "device":
+            cgroup.allow(action.major, action.minor)  # before the gofer binds it
         protocol.send(sock, action)
         n += 1
     spans.add("closure + stream", t, actions=n)

@@ -67,6 +67,10 @@ def main(args, gofer: Gofer | None = None) -> int:
         status = wait_container(pid)
         spans.add("supervise", t)
     _warn_hooks(run_hooks, hooks.poststop if hooks else [], "poststop", state)
+    if started.state.cgroup_created:
+        from gofer.cgroups import remove_dirs
+
+        remove_dirs(started.state.cgroup_created)
     sd.remove()
     if started.trace:
         _write_trace(started.trace, spans, started.spans)

@@ -28,11 +28,12 @@ class State:
     """What state.json holds; ``status`` is derived when it is loaded."""
 
     FIELDS = ("id", "pid", "bundle", "rootfs", "created", "owner", "annotations", "start_time", "creating",
-              "foreground", "poststart", "poststop")
+              "foreground", "poststart", "poststop", "cgroup", "cgroup_created")
 
     def __init__(self, id: str, pid: int, bundle: str, rootfs: str = "", created: str = "", owner: str = "",
                  annotations: dict | None = None, start_time: int = 0, creating: bool = False,
-                 foreground: bool = False, poststart: list | None = None, poststop: list | None = None):
+                 foreground: bool = False, poststart: list | None = None, poststop: list | None = None,
+                 cgroup: list | None = None, cgroup_created: list | None = None):
         self.id, self.pid, self.bundle, self.rootfs, self.created, self.owner = id, pid, bundle, rootfs, created, owner
         self.annotations = annotations or {}
         self.start_time = start_time  # clock ticks after boot, /proc/PID/stat field 22
@@ -40,6 +41,8 @@ class State:
         self.foreground = foreground  # kept by `sandbox run BUNDLE`, removed when it ends
         self.poststart = poststart or []  # the bundle's hooks (as in config.json), for start
         self.poststop = poststop or []  # ... and for delete
+        self.cgroup = cgroup or []  # the container's cgroup directories (one per controller)
+        self.cgroup_created = cgroup_created or []  # those we made: delete removes them
         self.status = "creating"
 
     def to_json(self) -> str:
@@ -178,7 +181,7 @@ class StateDir:
 
 
 def new_state(cid: str, pid: int, bundle: str, rootfs: str = "", annotations: dict | None = None,
-              creating: bool = True, foreground: bool = False, hooks=None) -> State:
+              creating: bool = True, foreground: bool = False, hooks=None, cgroup=None) -> State:
     """``hooks``: the bundle's mounts.spec.Hooks we run (poststart and poststop are kept)."""
     now = time.time_ns()
     created = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now // 10**9)) + f".{now % 10**9:09d}Z"
@@ -187,6 +190,8 @@ def new_state(cid: str, pid: int, bundle: str, rootfs: str = "", annotations: di
         import msgspec
 
         kept = {stage: msgspec.to_builtins(getattr(hooks, stage)) for stage in ("poststart", "poststop")}
+    if cgroup is not None:
+        kept.update(cgroup=list(cgroup.dirs.values()), cgroup_created=list(cgroup.created))
     return State(cid, pid, bundle, rootfs, created, "", dict(annotations or {}), start_time(pid) or 0,
                  creating, foreground, **kept)
 

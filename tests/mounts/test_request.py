@@ -102,8 +102,9 @@ def test_unparsable_requirement():
 def test_unenforced_fields_are_named():
     s = msgspec.convert({"ociVersion": "1", "root": {"path": "r"}, "process": {"args": ["x"], "oomScoreAdj": 5},
                          "hooks": {"prestart": [{"path": "/bin/true"}]},
-                         "linux": {"seccomp": {"defaultAction": "SCMP_ACT_ALLOW"}, "resources": {}}}, Spec)
-    assert s.unenforced() == ["linux.resources", "process.oomScoreAdj"]  # hooks and seccomp are enforced
+                         "linux": {"seccomp": {"defaultAction": "SCMP_ACT_ALLOW"},
+                                   "resources": {"memory": {"limit": 1}, "blockIO": {"weight": 10}}}}, Spec)
+    assert s.unenforced() == ["process.oomScoreAdj", "linux.resources.blockIO"]  # the rest is enforced
     assert spec().unenforced() == []
 
 
