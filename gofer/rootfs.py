@@ -120,16 +120,37 @@ def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: s
 
 
 def _cgroup(root: Root, m: Mount, flags: int) -> None:
-    """cgroup v2 hosts get a fresh cgroup2 mount; v1/hybrid hosts a read-only recursive
-    bind of the host's hierarchy (runc builds v1 trees per controller; we do not)."""
+    """cgroup v2 hosts get a fresh cgroup2 mount. v1/hybrid hosts get what runc builds: a
+    tmpfs with, for each hierarchy, the container's own cgroup of it bound in (so the
+    container reads its own limits at /sys/fs/cgroup/memory/memory.limit_in_bytes and sees
+    nothing of the host's other cgroups). We are already in those cgroups: the supervisor
+    put us there before Start."""
     if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
         root.mount_fs("cgroup2", "cgroup", m.destination, flags & ~(sc.MS_BIND | sc.MS_REC), None)
         return
-    src = os.open("/sys/fs/cgroup", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        root.bind(src, m.destination, bind_flags(flags), recursive=True, is_dir=True)
-    finally:
-        os.close(src)
+    mine = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for c in controllers.split(",") if controllers else ["unified"]:
+                mine[c.removeprefix("name=")] = path
+    tmp = root.mount_fs("tmpfs", "tmpfs", m.destination, sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC, "mode=755")
+    root.mark_writable(tmp)
+    for name in sorted(os.listdir("/sys/fs/cgroup")):
+        host = os.path.join("/sys/fs/cgroup", name)
+        key = name.split(",")[0]
+        if key not in mine or os.path.islink(host) or not os.path.ismount(host):
+            continue
+        try:
+            src = os.open(host + mine[key], os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue  # not in that hierarchy's tree from here (an unusual host): leave it out
+        try:
+            root.bind(src, f"{m.destination}/{name}", bind_flags(flags), is_dir=True)
+        finally:
+            os.close(src)
+    if flags & sc.MS_RDONLY:
+        sc.mount(None, sc.fdpath(tmp), None, sc.MS_REMOUNT | sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC)
 
 
 def bind_flags(flags: int) -> tuple[str, ...]:

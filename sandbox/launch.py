@@ -74,11 +74,17 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
     """Claim the id, stream the plan, run the runtime-namespace hooks when the gofer pauses,
     and return once the init is ready. On any failure nothing is left: the gofer and the init
     are killed, the state directory removed, and the error (one line) raised."""
+    import prctl
+
     from gofer import protocol
     from mounts.errors import BundleError, SandboxError
     from mounts.spec import load_bundle
     from sandbox.state import StateDir, new_state
 
+    # Orphans below us come to us, not to the host's init: the container's init once the
+    # gofer that forked it is gone. We can then reap it on failure, so its cgroup empties,
+    # and on success it passes on to our caller's subreaper (conmon, the shim) as we exit.
+    prctl.set_child_subreaper(True)
     sd = StateDir(opts.root, opts.cid)
     sd.create(new_state(opts.cid, gofer.pid, opts.bundle, foreground=opts.foreground), fifo=opts.detached)
     sock = gofer.sock
@@ -150,21 +156,31 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
             sd.write(state)
         return Launched(ready.pid, gofer.pid, ready.spans, state, hooks, trace)
     except BaseException:
+        sock.close()  # an init we do not know yet reads EOF and gives up
         for pid in {init, gofer.pid} - {None}:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        try:
-            os.waitpid(gofer.pid, 0)
-        except ChildProcessError:
-            pass
+        _reap_all(time.monotonic() + 5)
         if cgroup is not None:
             cgroup.remove()
         sd.remove()
         raise
     finally:
         sock.close()
+
+
+def _reap_all(deadline: float) -> None:
+    """Reap the gofer and every orphan that came to us (we are a subreaper), until none is
+    left or the deadline passes: a zombie would keep the container's cgroup busy."""
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.002)
 
 
 def _annotated_trace(value: str | None, opts: Options) -> str | None:

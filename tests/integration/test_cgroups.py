@@ -1,0 +1,101 @@
+"""The container's cgroup (v1 controllers, this host's layout), read from inside the container
+and compared with runc on the same bundle: memory and pids limits, and the devices controller
+that keeps a container holding CAP_MKNOD (Docker grants it) away from the host's disks while
+the GPU nodes stay usable. The cgroups go with the container."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.integration.helpers import sandbox
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root"),
+              pytest.mark.skipif(not os.path.isdir("/sys/fs/cgroup/memory"), reason="needs cgroup v1")]
+
+PROBE = ("cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max; "
+         "mknod /dev/disk b 8 0 && (head -c 1 /dev/disk >/dev/null 2>&1 && echo DISK-READ || echo disk-denied); "
+         "mknod /dev/mem2 c 1 1 && (head -c 1 /dev/mem2 >/dev/null 2>&1 && echo MEM-READ || echo mem-denied); "
+         "head -c 1 /dev/null && echo null-ok")
+
+
+def _bundle(make_bundle, env=()):
+    bundle = make_bundle(["sh", "-c", PROBE], list(env))
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["capabilities"] = {k: ["CAP_MKNOD", "CAP_DAC_OVERRIDE"] for k in
+                                       ("bounding", "effective", "permitted")}
+    spec["linux"]["resources"] = {"devices": [{"allow": False, "access": "rwm"}],
+                                  "memory": {"limit": 67108864}, "pids": {"limit": 64}}
+    spec["linux"]["cgroupsPath"] = f"/sandbox-test-{os.getpid()}/{bundle.name}"
+    # the cgroup controllers as runc's own config mounts them, so both read the same files
+    (bundle / "config.json").write_text(json.dumps(spec))
+    return bundle
+
+
+def _cgroup_dirs(bundle) -> list[str]:
+    rel = json.loads((bundle / "config.json").read_text())["linux"]["cgroupsPath"].lstrip("/")
+    return [os.path.join("/sys/fs/cgroup", c, rel) for c in ("memory", "pids", "devices")]
+
+
+def test_limits_and_devices_as_under_runc(make_bundle, tmp_path):
+    bundle = _bundle(make_bundle)
+    ours = sandbox("run", bundle, "--root", tmp_path / "ours")
+    assert ours.returncode == 0, ours.stderr
+    assert not any(os.path.exists(d) for d in _cgroup_dirs(bundle)), "cgroups left behind"
+    theirs = subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "-b", str(bundle), f"cg{os.getpid()}"],
+                            capture_output=True, text=True, timeout=60)
+    assert theirs.returncode == 0, theirs.stderr
+    lines = ours.stdout.splitlines()
+    assert lines == ["67108864", "64", "disk-denied", "mem-denied", "null-ok"], ours.stdout
+    assert ours.stdout == theirs.stdout
+
+
+def test_gpu_nodes_are_allowed_in_the_devices_cgroup(make_bundle, tmp_path, driver_root):
+    """The fixture's nodes are real char devices with no driver behind them: opening one
+    fails with ENXIO when the cgroup allows it, EPERM when it does not."""
+    bundle = make_bundle(["sh", "-c", "head -c 1 /dev/nvidiactl; head -c 1 /dev/nvidia0; true"],
+                         ["NVIDIA_VISIBLE_DEVICES=0"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"]["resources"] = {"devices": [{"allow": False, "access": "rwm"}]}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = sandbox("run", bundle, "--root", tmp_path / "s", "--driver-root", driver_root)
+    assert r.returncode == 0, r.stderr
+    assert "Operation not permitted" not in r.stderr, r.stderr
+    assert r.stderr.count("No such device or address") == 2, r.stderr
+
+
+def test_exec_joins_the_cgroup_and_delete_removes_it(make_bundle, tmp_path):
+    bundle = _bundle(make_bundle)
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["args"] = ["sleep", "30"]
+    (bundle / "config.json").write_text(json.dumps(spec))
+    state = str(tmp_path / "state")
+    with open(tmp_path / "out", "w") as out:
+        assert subprocess.run([*_cli(), "--root", state, "create", "--bundle", str(bundle), "e1"], stdout=out,
+                              stderr=out, stdin=subprocess.DEVNULL, timeout=60).returncode == 0
+    try:
+        assert subprocess.run([*_cli(), "--root", state, "start", "e1"]).returncode == 0
+        r = subprocess.run([*_cli(), "--root", state, "exec", "e1", "sh", "-c",
+                            "cat /sys/fs/cgroup/pids/pids.max; mknod /dev/d b 8 0; head -c1 /dev/d || echo denied"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.stdout.split() == ["64", "denied"], (r.stdout, r.stderr)
+    finally:
+        subprocess.run([*_cli(), "--root", state, "delete", "-f", "e1"])
+    assert not any(os.path.exists(d) for d in _cgroup_dirs(bundle))
+
+
+def _cli() -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "sandbox.cli"]
+
+
+def teardown_module():
+    for c in ("memory", "pids", "devices", "cpu", "cpuacct", "cpuset", "blkio", "freezer"):
+        try:
+            os.rmdir(f"/sys/fs/cgroup/{c}/sandbox-test-{os.getpid()}")
+        except OSError:
+            pass
