@@ -16,6 +16,7 @@ import prctl
 
 from gofer import gpu, process, protocol, rootfs, seccomp
 from gofer import syscalls as sc
+from gofer.cgroups import Pinned
 from gofer.hooks import run_hooks, state_json
 from gofer.root import Root
 from gofer.spans import Spans
@@ -65,16 +66,39 @@ def _gpu_requests(sock: socket.socket, root: Root, spans: Spans) -> int:
         count += 1
 
 
-def _wait_pid1(child: int) -> None:
-    """We are the parent of the container's pid 1: forward signals, exit as it exits."""
+ORPHANED = signal.SIGRTMIN + 1  # our PDEATHSIG while we wait: no signal anyone forwards
+
+
+def _wait_pid1(child: int, parent: int, cgroups: list[str]) -> None:
+    """We are the parent of the container's pid 1: forward signals, exit as it exits. Should
+    our supervisor die (SIGKILL), the kernel tells us with ORPHANED: then the container goes
+    too, and with it the cgroup the supervisor made, which nobody else would remove."""
     def forward(signum, _frame):
         try:
             os.kill(child, signum)
         except ProcessLookupError:
             pass
 
+    # pid 1 is about to pivot_root in the mount namespace we share, which detaches the host's
+    # cgroup mounts from our view: hold what we would remove by fds opened now.
+    pinned = Pinned(cgroups) if cgroups else None
+
+    def orphaned(_signum, _frame):
+        try:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        if pinned is not None:
+            pinned.remove()
+        os._exit(137)
+
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, forward)
+    signal.signal(ORPHANED, orphaned)
+    prctl.set_pdeathsig(ORPHANED)
+    if os.getppid() != parent:  # it died before the new PDEATHSIG was set
+        orphaned(ORPHANED, None)
     _, status = os.waitpid(child, 0)
     # Killed by signal N: exit 128+N, the status runc reports (SIGKILL from the OOM killer
     # gives 137). Re-raising the signal on ourselves instead would dump our core for
@@ -122,7 +146,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             sock.close()
             if start.detached:  # create: the init outlives us; the caller (a subreaper) reaps it
                 os._exit(0)
-            _wait_pid1(child)
+            _wait_pid1(child, parent, start.cgroup_created)
         if not start.detached:
             prctl.set_pdeathsig(signal.SIGKILL)
     host_pid = spans.pid = _host_pid()  # read while /proc is still the host's

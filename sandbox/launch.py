@@ -109,6 +109,8 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                     request = cap_request(request, opts.max_capabilities)
             with spans.span("cgroup"):
                 cgroup = _cgroup(spec, opts, gofer.pid)
+                if cgroup is not None and cgroup.created:  # so that even a killed create is deleted whole
+                    sd.write(new_state(opts.cid, gofer.pid, opts.bundle, foreground=opts.foreground, cgroup=cgroup))
             for name in spec.unenforced():
                 print(f"sandbox: warning: {name} is set in config.json but not enforced", file=sys.stderr)
             hooks = spec.hooks.ours() if spec.hooks is not None else None
@@ -119,7 +121,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                 spec, bundle.rootfs, bundle.path, spans.enabled, overlay_root=request is not None,
                 scratch_size=opts.scratch_size, id=opts.cid, exec_fifo=sd.fifo if opts.detached else None,
                 console_socket=opts.console_socket, detached=opts.detached, preserve_fds=opts.preserve_fds,
-                hooks_pause=pause))
+                hooks_pause=pause, cgroup_created=cgroup.created if cgroup is not None else []))
             if request is not None:
                 _stream_plan(sock, request, bundle, opts, spans, cgroup)
             protocol.send(sock, protocol.End())
