@@ -19,10 +19,10 @@ from mounts.actions import Action, Device
 from mounts.errors import SandboxError
 
 
-def join_mount_namespace(pid: int) -> None:
-    """setns into ``pid``'s mount namespace, which must not be ours: a container's init
-    lives in a namespace of its own, and a pid in ours (a wrong or stale pid in the state
-    JSON) would have us mount straight into the host's tree."""
+def check_mount_namespace(pid: int) -> None:
+    """``pid``'s mount namespace must not be ours: a container's init lives in a namespace of
+    its own, and a pid in ours (a wrong or stale pid in the state JSON) would have us mount
+    straight into the host's tree."""
     try:
         theirs, ours = os.stat(f"/proc/{pid}/ns/mnt").st_ino, os.stat("/proc/self/ns/mnt").st_ino
     except OSError as e:
@@ -30,6 +30,11 @@ def join_mount_namespace(pid: int) -> None:
     if theirs == ours:
         raise SandboxError(f"pid {pid} shares our mount namespace: it is not a container's init; "
                            "refusing to mount into the host's tree")
+
+
+def join_mount_namespace(pid: int) -> None:
+    """setns into ``pid``'s mount namespace (checked first, see check_mount_namespace)."""
+    check_mount_namespace(pid)
     fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     try:
         sc.setns(fd, sc.CLONE_NEWNS, what=f"mount namespace of pid {pid}")
@@ -44,6 +49,7 @@ def apply_plan(actions: Iterable[Action], rootfs: str, pid: int | None = None) -
     mounted is detached again and the error is raised."""
     actions = list(actions)
     if pid is not None:
+        check_mount_namespace(pid)  # first: a stale pid must not get GPU nodes in anyone's cgroup
         allow_devices(pid, [(a.major, a.minor) for a in actions if isinstance(a, Device)])
         join_mount_namespace(pid)
     root = Root(rootfs)

@@ -38,18 +38,32 @@ NAMESPACES = (("ipc", sc.CLONE_NEWIPC), ("uts", sc.CLONE_NEWUTS), ("net", sc.CLO
 
 
 def spawn(init: int, proc: Process, console: socket.socket | None = None, preserve_fds: int = 0,
-          detach: bool = False, seccomp: Seccomp | None = None, cgroups: list[str] = ()) -> int:
+          detach: bool = False, seccomp: Seccomp | None = None, cgroups: list[str] = (),
+          start_time: int | None = None) -> int:
     """Start ``proc`` in the namespaces of ``init``; returns its pid (as the host sees it)
     once it has exec'd. Raises a one-line SandboxError if it could not."""
     fds = []
     try:
-        for name, flag in NAMESPACES:
-            theirs = f"/proc/{init}/ns/{name}"
-            if os.stat(theirs).st_ino != os.stat(f"/proc/self/ns/{name}").st_ino:
-                fds.append((os.open(theirs, os.O_RDONLY | os.O_CLOEXEC), flag, name))
-    except OSError as e:
+        # Everything through one fd of /proc/<init>: should the pid be reused meanwhile, reads
+        # through it fail instead of reaching another process. The start time is checked
+        # through it after the namespaces are open, and a container always has a mount
+        # namespace of its own: one equal to ours is not our container's init.
+        pdir = os.open(f"/proc/{init}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for name, flag in NAMESPACES:
+                if os.stat(f"ns/{name}", dir_fd=pdir).st_ino != os.stat(f"/proc/self/ns/{name}").st_ino:
+                    fds.append((os.open(f"ns/{name}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=pdir), flag, name))
+                elif name == "mnt":
+                    raise SandboxError(f"pid {init} shares our mount namespace: it is not the container's init")
+            if start_time is not None and _start_time(pdir) != start_time:
+                raise SandboxError(f"pid {init} is no longer the container's init")
+        finally:
+            os.close(pdir)
+    except (OSError, SandboxError) as e:
         for fd, _, _ in fds:
             os.close(fd)
+        if isinstance(e, SandboxError):
+            raise
         raise SandboxError(f"pid {init}: cannot open its namespaces: {e.strerror}") from None
     if not detach:
         prctl.set_child_subreaper(1)  # G becomes ours when C exits
@@ -84,10 +98,24 @@ def spawn(init: int, proc: Process, console: socket.socket | None = None, preser
     return pid
 
 
+def _start_time(pdir: int) -> int | None:
+    try:
+        fd = os.open("stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=pdir)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    return int(data[data.rfind(b")") + 2:].split()[19])
+
+
 def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Seccomp | None,
            cgroups: list[str]) -> None:
     code = 1
     try:
+        prctl.set_dumpable(False)  # as the gofer: see gofer/main.py (CVE-2019-5736)
+        sc.cloexec_from(3 + preserve_fds)  # before setns: the fallback lists /proc/self/fd
         for d in cgroups:  # the container's cgroups, limits and device rules, before anything else
             with open(os.path.join(d, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
@@ -100,7 +128,6 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
         if pid:
             os.write(w, f"pid {pid}\n".encode())
             os._exit(0)
-        sc.cloexec_from(3 + preserve_fds)
         if console is not None:
             process.open_console(console, proc)
         process.set_rlimits(proc)
@@ -110,7 +137,7 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
         msg = str(e) or type(e).__name__
         code = e.exit_code if isinstance(e, SandboxError) else 1
         try:
-            os.write(w, f"err {code} {msg}\n".encode())
+            os.write(w, f"err {code} {' '.join(msg.split())}\n".encode())
         except OSError:
             pass
     os._exit(code)

@@ -24,8 +24,17 @@ def run_hooks(hooks: list[Hook], stage: str, state: bytes) -> None:
     gofer imports it before pivot_root, see gofer/main.py.)"""
     if not hooks:
         return
+    import os
     import subprocess
 
+    umask = os.umask(0o022)  # the gofer works with umask 0; a hook's files must not be 0666
+    try:
+        _run(subprocess, hooks, stage, state)
+    finally:
+        os.umask(umask)
+
+
+def _run(subprocess, hooks: list[Hook], stage: str, state: bytes) -> None:
     for i, hook in enumerate(hooks):
         argv = hook.args or [hook.path]
         try:

@@ -110,6 +110,11 @@ def _wait_pid1(child: int, parent: int, cgroups: list[str]) -> None:
 def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     """The whole sequence; raises on any failure (the caller reports it and exits)."""
     prctl.set_name("sandbox-gofer")
+    # Not dumpable until the container's program is exec'd (execve resets it): no process of
+    # the container may open our /proc/<pid>/exe (the host's Python, to be overwritten as in
+    # CVE-2019-5736), our fds or our memory while we are the host's interpreter in its pid
+    # namespace, waiting on exec.fifo as a created init above all.
+    prctl.set_dumpable(False)
     # Our caller's umask must not shape what we create (device nodes are 0666, mount
     # points 0644/0755); the container gets the spec's umask or runc's 0022 at exec.
     os.umask(0)
@@ -129,9 +134,15 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     if spec.process is None:  # the supervisor refuses such a bundle; never mount for nothing
         raise GoferError("config.json: no process to run")
     hooks = spec.hooks.ours() if spec.hooks is not None else None
-    if hooks is not None and hooks.start_container:
-        import subprocess  # noqa: F401 - startContainer hooks run after pivot_root: nothing to import from then
+    if hooks is not None and (hooks.create_container or hooks.start_container):
+        import subprocess  # noqa: F401 - imported from the host's tree, before any namespace is joined
 
+    # Host-side things the init needs later are taken now, before any namespace is joined (a
+    # mount namespace named by path would resolve them in another tree) or pivot_root.
+    fifo = os.open(start.exec_fifo, os.O_RDWR | os.O_CLOEXEC) if start.exec_fifo else None
+    console = _connect(start.console_socket) if start.console_socket else None
+    # libseccomp is a host library: load it and build the filter here
+    filt = seccomp.compile_filter(spec.linux.seccomp) if spec.linux.seccomp is not None else None
     with spans.span("unshare"):
         flags, joined = rootfs.enter_namespaces(spec)
         if flags & sc.CLONE_NEWNET:
@@ -152,11 +163,6 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     host_pid = spans.pid = _host_pid()  # read while /proc is still the host's
     if new_pid:
         spans.add("fork pid 1", t)
-    # Host-side files the init needs after pivot_root are opened now, while they are visible.
-    fifo = os.open(start.exec_fifo, os.O_RDWR | os.O_CLOEXEC) if start.exec_fifo else None
-    console = _connect(start.console_socket) if start.console_socket else None
-    # libseccomp is a host library: load it and build the filter before pivot_root
-    filt = seccomp.compile_filter(spec.linux.seccomp) if spec.linux.seccomp is not None else None
 
     with spans.span("rootfs"):
         root = rootfs.prepare_root(spec, start.rootfs, start.overlay_root, start.scratch_size)

@@ -53,6 +53,14 @@ class Process(_S):
     selinux_label: str | None = None
     oom_score_adj: int | None = None
 
+    def without_capability(self, name: str) -> Process:
+        """This process with ``name`` taken out of every capability set."""
+        if self.capabilities is None:
+            return self
+        caps = Capabilities(*[[c for c in getattr(self.capabilities, f) if c.upper() != name]
+                              for f in Capabilities.__struct_fields__])
+        return msgspec.structs.replace(self, capabilities=caps)
+
     def getenv(self, name: str) -> str | None:
         """The last value of ``name`` in ``env`` (as execve's consumers see it), or None."""
         prefix = name + "="
@@ -306,6 +314,15 @@ def _validate(spec: Spec, path: str) -> None:
             check(rl.hard, 0, RLIM_MAX, f"process.rlimits[{i}].hard")
     if spec.linux.seccomp is not None:
         _validate_seccomp(spec.linux.seccomp, path, check)
+    for i, rule in enumerate(spec.linux.resources.devices if spec.linux.resources else []):
+        if rule.type not in (None, "a", "b", "c") or not set(rule.access or "rwm") <= set("rwm") \
+                or not rule.access and rule.access is not None:
+            raise BundleError(f"{path}: linux.resources.devices[{i}]: type must be a, b or c and access "
+                              f"letters of rwm (got {rule.type!r}, {rule.access!r})")
+        for name in ("major", "minor"):
+            value = getattr(rule, name)
+            if value is not None and value != -1:
+                check(value, 0, UINT32_MAX, f"linux.resources.devices[{i}].{name}")
     for i, d in enumerate(spec.linux.devices):
         for name in ("major", "minor", "uid", "gid"):
             value = getattr(d, name)

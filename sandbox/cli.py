@@ -87,6 +87,8 @@ def parser():
     ap.add_argument("--systemd-cgroup", action="store_true",
                     help="accepted for the engines' sake; cgroups are not managed by sandbox yet")
     ap.add_argument("--config", help="config file (default $SANDBOX_CONFIG, else /etc/gpu-sandbox/config.toml)")
+    ap.add_argument("--criu", help="accepted for runc's sake; checkpointing is not supported")
+    ap.add_argument("--rootless", help="accepted for runc's sake; sandbox runs as root")
     ap.add_argument("--version", "-v", action="version", version=f"sandbox version {VERSION}\nspec: 1.0.2")
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
 

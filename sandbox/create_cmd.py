@@ -19,8 +19,14 @@ def main(args, gofer: Gofer | None = None) -> int:
     started = launch(options(args, detached=True, foreground=False), gofer, spans)
     if args.pid_file:
         write_pid_file(args.pid_file, started.pid)
-    if started.trace:
+    if started.trace:  # the container exists now: a trace that cannot be written only warns
+        import sys
+
+        from mounts.errors import SandboxError
         from sandbox.trace import write_trace
 
-        write_trace(started.trace, spans.items + started.spans)
+        try:
+            write_trace(started.trace, spans.items + started.spans)
+        except SandboxError as e:
+            print(f"sandbox: warning: {e}", file=sys.stderr)
     return 0

@@ -24,6 +24,8 @@ def main(args) -> int:
 
     spec = load_bundle(state.bundle).spec
     proc = _process(args, spec, state.bundle)
+    if not any("/devices/" in d for d in state.cgroup):  # fail closed, as create does
+        proc = proc.without_capability("CAP_MKNOD")
     console = None
     if args.console_socket:
         if not proc.terminal:
@@ -33,7 +35,8 @@ def main(args) -> int:
         console = _connect(args.console_socket)
     from gofer.enter import spawn
 
-    pid = spawn(state.pid, proc, console, args.preserve_fds, args.detach, spec.linux.seccomp, state.cgroup)
+    pid = spawn(state.pid, proc, console, args.preserve_fds, args.detach, spec.linux.seccomp, state.cgroup,
+                state.start_time)
     if args.pid_file:
         from sandbox.launch import write_pid_file
 

@@ -74,6 +74,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
     """Claim the id, stream the plan, run the runtime-namespace hooks when the gofer pauses,
     and return once the init is ready. On any failure nothing is left: the gofer and the init
     are killed, the state directory removed, and the error (one line) raised."""
+    import msgspec
     import prctl
 
     from gofer import protocol
@@ -109,6 +110,12 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                     request = cap_request(request, opts.max_capabilities)
             with spans.span("cgroup"):
                 cgroup = _cgroup(spec, opts, gofer.pid)
+                if cgroup is None or "devices" not in cgroup.dirs:
+                    # fail closed: with no device rules to stop it, CAP_MKNOD would let the
+                    # container make and open the host's disks
+                    print("sandbox: warning: no cgroup v1 devices controller: CAP_MKNOD is dropped",
+                          file=sys.stderr)
+                    spec = msgspec.structs.replace(spec, process=spec.process.without_capability("CAP_MKNOD"))
                 if cgroup is not None and cgroup.created:  # so that even a killed create is deleted whole
                     sd.write(new_state(opts.cid, gofer.pid, opts.bundle, foreground=opts.foreground, cgroup=cgroup))
             for name in spec.unenforced():
@@ -194,7 +201,9 @@ def _annotated_trace(value: str | None, opts: Options) -> str | None:
     if not value:
         return None
     name = f"{opts.cid}.json" if value.lower() in ("1", "true", "yes") else value
-    if "/" in name or name.startswith(".") or "\0" in name:
+    from sandbox.state import valid_id
+
+    if not valid_id(name):  # letters, digits, _.+-, at most 200, no leading dot: never a path
         raise BundleError(f"annotations.{TRACE_ANNOTATION}: {value!r} must be true or a file name, not a path")
     directory = os.path.join(opts.root, "traces")
     os.makedirs(directory, mode=0o700, exist_ok=True)

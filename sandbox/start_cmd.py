@@ -31,7 +31,10 @@ def release(sd: StateDir, state: State) -> None:
         os.write(fd, b"0")
     finally:
         os.close(fd)
-    os.unlink(sd.fifo)
+    try:
+        os.unlink(sd.fifo)
+    except FileNotFoundError:  # a concurrent start of the same container unlinked it first
+        pass
     if state.poststart:
         from gofer.hooks import run_hooks, state_json
 

@@ -85,7 +85,9 @@ def start_time(pid: int) -> int | None:
 
 
 def valid_id(cid: str) -> bool:
-    return 0 < len(cid) <= 1024 and cid[0] not in "._+-" and set(cid) <= _ID_CHARS
+    """At most 200 of letters, digits and _.+- (a file name, a cgroup name with room to
+    spare under NAME_MAX), not starting with one of the punctuation."""
+    return 0 < len(cid) <= 200 and cid[0] not in "._+-" and set(cid) <= _ID_CHARS
 
 
 class StateDir:
@@ -111,10 +113,10 @@ class StateDir:
             os.makedirs(self.root, mode=0o711, exist_ok=True)
             os.mkdir(tmp, 0o711)
             try:
-                if fifo:
-                    os.mkfifo(os.path.join(tmp, FIFO), 0o622)
-                with open(os.path.join(tmp, "state.json"), "w") as f:
-                    f.write(state.to_json())
+                if fifo:  # root's alone, whatever the umask: a write into it starts the container
+                    os.mkfifo(os.path.join(tmp, FIFO), 0o600)
+                    os.chmod(os.path.join(tmp, FIFO), 0o600)
+                self._write_json(os.path.join(tmp, "state.json"), state)
                 for _ in range(2):
                     try:
                         os.rename(tmp, self.dir)
@@ -136,9 +138,14 @@ class StateDir:
 
     def write(self, state: State) -> None:
         tmp = os.path.join(self.dir, "state.json.tmp")
-        with open(tmp, "w") as f:
-            f.write(state.to_json())
+        self._write_json(tmp, state)
         os.replace(tmp, os.path.join(self.dir, "state.json"))
+
+    @staticmethod
+    def _write_json(path: str, state: State) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(state.to_json())
 
     def load(self) -> State:
         """The recorded state with its status derived; an error naming the id if none."""

@@ -73,3 +73,22 @@ def test_no_capabilities_field_means_no_capabilities(make_bundle, tmp_path, root
         assert marker not in r.stdout, r.stdout
     assert (mount_table(), tree(rootfs_debian)) == before
     assert not (rootfs_debian / "planted").exists()
+
+
+def test_a_created_init_is_not_dumpable(make_bundle, tmp_path):
+    """While the init waits on exec.fifo it is still the host's Python: a process of the
+    container must not read its /proc/<pid>/exe (CVE-2019-5736: then overwrite it)."""
+    bundle = make_bundle(["sleep", "30"])
+    state = str(tmp_path / "state")
+    with open(tmp_path / "out", "w") as out:
+        r = subprocess.run([sys.executable, "-m", "sandbox.cli", "--root", state, "create", "--bundle",
+                            str(bundle), "dump1"], stdout=out, stderr=out, stdin=subprocess.DEVNULL, timeout=60)
+    assert r.returncode == 0, (tmp_path / "out").read_text()
+    try:
+        r = subprocess.run([sys.executable, "-m", "sandbox.cli", "--root", state, "exec", "dump1", "sh", "-c",
+                            "head -c 4 /proc/1/exe | grep -c ELF; ls /proc/1/fd 2>&1 | head -3"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.stdout.splitlines()[0] == "0", (r.stdout, r.stderr)  # the interpreter stays out of reach
+        assert "Permission denied" in r.stdout + r.stderr
+    finally:
+        subprocess.run([sys.executable, "-m", "sandbox.cli", "--root", state, "delete", "-f", "dump1"])
