@@ -42,10 +42,27 @@ def _wait_gone(pid: int, timeout: float = 20) -> None:
 
 
 def _rm_if_new(paths: dict[str, bool]) -> None:
-    """Remove the host paths an engine created that did not exist before it started."""
+    """Remove the host paths an engine created that did not exist before it started: its
+    directories under /run, and the cgroups it made as their parent (empty by now)."""
     for path, existed in paths.items():
-        if not existed:
+        if existed:
+            continue
+        if path.startswith("/sys/fs/cgroup/"):
+            for d in sorted((str(p) for p in Path(path).rglob("*") if p.is_dir()), key=len, reverse=True) + [path]:
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    pass
+        else:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _cgroup_parents(*names: str) -> dict[str, bool]:
+    """The cgroups named ``names`` under each v1 controller, and whether they exist now."""
+    root = Path("/sys/fs/cgroup")
+    dirs = [root / c / n for c in (os.listdir(root) if root.is_dir() else []) for n in names
+            if (root / c).is_dir() and not (root / c).is_symlink()]
+    return {str(d): d.exists() for d in dirs}
 
 
 class Engine:
@@ -125,6 +142,7 @@ class Podman(Engine):
                 "--runtime-flag", f"root={self.runtime_root}"]
 
     def start(self, image: Path) -> None:
+        self.host_paths = _cgroup_parents("libpod_parent")
         r = self.cli("load", "-i", str(image))
         assert r.returncode == 0, r.stderr
 
@@ -142,6 +160,7 @@ class Podman(Engine):
                 pass
         subprocess.run(["umount", "-R", str(self.base / "root/overlay")], capture_output=True)
         subprocess.run(["umount", "-R", str(self.base / "root")], capture_output=True)
+        _rm_if_new(self.host_paths)
 
 
 class Containerd(Engine):
@@ -149,7 +168,7 @@ class Containerd(Engine):
 
     def start(self, image: Path) -> None:
         b = self.base
-        self.host_paths = {p: os.path.exists(p) for p in ("/run/containerd",)}
+        self.host_paths = {p: os.path.exists(p) for p in ("/run/containerd",)} | _cgroup_parents("test")
         (b / "config.toml").write_text(
             f'version = 2\nroot = "{b}/root"\nstate = "{b}/state"\n'
             'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
@@ -195,7 +214,8 @@ class Docker(Engine):
 
     def start(self, image: Path) -> None:
         b = self.base
-        self.host_paths = {p: os.path.exists(p) for p in ("/var/run/docker", "/run/containerd")}
+        self.host_paths = ({p: os.path.exists(p) for p in ("/var/run/docker", "/run/containerd")}
+                           | _cgroup_parents("docker"))
         config = {"iptables": False, "ip6tables": False, "ip-forward": False, "ip-masq": False, "bridge": "none",
                   "storage-driver": "overlay2",
                   "runtimes": {"sandbox": {"path": SANDBOX, "runtimeArgs": ["--driver-root", str(self.driver_root)]},
