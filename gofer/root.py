@@ -24,6 +24,7 @@ import stat
 
 from gofer import syscalls as sc
 from mounts.errors import MountError
+from mounts.paths import file_kind
 
 O_PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 RESOLVE = sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_MAGICLINKS
@@ -62,15 +63,6 @@ def _mounts_below(host_dir: str) -> list[str]:
 
 # Module-level switch so tests can exercise the fallback (mount(2) + remount) path too.
 USE_MOUNT_API = True
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"),
-                       (stat.S_ISLNK, "a symlink"), (stat.S_ISCHR, "a char device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "a special file"
 
 
 class Root:
@@ -286,7 +278,7 @@ class Root:
                 return parent, fd, name, False
             os.close(fd)
             if not stat.S_ISLNK(mode):
-                raise MountError(unsafe_path, f"exists and is {_kind(mode)}")
+                raise MountError(unsafe_path, f"exists and is {file_kind(mode)}")
         parent = self.writable(parent, head or "/")
         if fd is not None:  # a link: replaced in the overlay, the image keeps it
             os.unlink(name, dir_fd=parent)
@@ -348,7 +340,7 @@ class Root:
         except FileExistsError:
             mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
             if not stat.S_ISLNK(mode):
-                raise MountError(unsafe_path, f"cannot create link: exists and is {_kind(mode)}") from None
+                raise MountError(unsafe_path, f"cannot create link: exists and is {file_kind(mode)}") from None
             os.unlink(name, dir_fd=parent)
             os.symlink(content, name, dir_fd=parent)
         self.created += 1

@@ -15,7 +15,7 @@ import msgspec
 
 from mounts import ldcache
 from mounts.errors import DriverError, LdCacheError
-from mounts.paths import LinkLoop, Resolver, resolve_in_root
+from mounts.paths import LinkLoop, Resolver, file_kind, resolve_in_root
 
 NVIDIA_MAJOR = 195
 CTL_MINOR, MODESET_MINOR = 255, 254
@@ -104,7 +104,7 @@ def read_file(root: str, rel: str, limit: int = MAX_TEXT) -> tuple[str, bytes] |
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise DriverError(f"{path}: expected a regular file, found {_kind(mode)}")
+            raise DriverError(f"{path}: expected a regular file, found {file_kind(mode)}")
         data = _read_all(fd, limit + 1)
     finally:
         os.close(fd)
@@ -122,14 +122,6 @@ def _read_all(fd: int, n: int) -> bytes:
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a char device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
-        if test(mode):
-            return name
-    return "a special file"
 
 
 def _text(root: str, rel: str) -> str | None:

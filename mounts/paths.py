@@ -13,6 +13,16 @@ import stat
 MAX_LINKS = 40
 
 
+def file_kind(mode: int) -> str:
+    """What an st_mode is, for messages: "a directory", "a FIFO" ..."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a symlink"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a char device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
 class LinkLoop(Exception):
     """Resolving a path met more than MAX_LINKS symlinks (a loop)."""
 

@@ -177,7 +177,7 @@ class Memory(_S):
     kernel: int | None = None
     kernel_tcp: int | None = msgspec.field(default=None, name="kernelTCP")
     swappiness: int | None = None
-    disable_oom_killer: bool | None = None
+    disable_oom_killer: bool | None = msgspec.field(default=None, name="disableOOMKiller")
 
 
 class Cpu(_S):

@@ -7,7 +7,6 @@ flags change it as runc's do: the args, -e added to the env, --cwd, -u, -g, --ca
 from __future__ import annotations
 
 import os
-import signal
 
 import msgspec
 
@@ -81,15 +80,8 @@ def _process(args, spec, bundle: str) -> Process:
 
 def _wait(pid: int) -> int:
     """Our adopted process's exit status (128+N for signal N); signals forwarded to it."""
-    from sandbox.launch import FORWARDED, exit_code
+    from sandbox.launch import exit_code, forward_signals
 
-    def forward(signum, _frame):
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
+    forward_signals(pid)
     _, status = os.waitpid(pid, 0)
     return exit_code(status)

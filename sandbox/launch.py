@@ -18,6 +18,20 @@ import time
 from typing import NamedTuple
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def forward_signals(pid: int) -> None:
+    """Plain handlers that pass FORWARDED signals on to ``pid`` (until an event loop, if
+    any, takes over)."""
+    def forward(signum, _frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+
 TRACE_ANNOTATION = "org.gpu-sandbox.trace"  # a bundle may ask for a startup trace itself
 
 

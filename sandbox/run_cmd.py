@@ -12,7 +12,15 @@ import os
 import signal
 import time
 
-from sandbox.launch import FORWARDED, Gofer, Options, exit_code, launch, spawn_gofer, write_pid_file
+from sandbox.launch import (
+    Gofer,
+    Options,
+    exit_code,
+    forward_signals,
+    launch,
+    spawn_gofer,
+    write_pid_file,
+)
 
 
 def main(args, gofer: Gofer | None = None) -> int:
@@ -21,15 +29,7 @@ def main(args, gofer: Gofer | None = None) -> int:
     from mounts.errors import SandboxError
 
     pid, _sock, t0 = gofer = gofer or spawn_gofer()
-
-    def forward(signum, _frame):  # until the event loop takes over
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
+    forward_signals(pid)  # until the event loop, if any, takes over
     if args.trace and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
         _kill(pid)
         raise SandboxError(f"--trace {args.trace}: its directory does not exist")

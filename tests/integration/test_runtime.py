@@ -225,6 +225,13 @@ def test_console_socket_gets_the_pty_master(make_bundle, tmp_path, clean_host):
 def test_exec(make_bundle, tmp_path, driver_root, clean_host):
     bundle = make_bundle(["sleep", "30"], ["NVIDIA_VISIBLE_DEVICES=0", "FROM_SPEC=1"])
     assert rt(tmp_path, "--driver-root", driver_root, "create", "--bundle", bundle, "x1").returncode == 0
+    try:
+        _exec_checks(tmp_path)
+    finally:
+        rt(tmp_path, "delete", "-f", "x1")  # never a container left behind, even on failure
+
+
+def _exec_checks(tmp_path):
     refused = rt(tmp_path, "exec", "x1", "true")
     assert refused.returncode == 0  # a created container can be exec'd into, as runc allows
     assert rt(tmp_path, "start", "x1").returncode == 0
