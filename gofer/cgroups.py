@@ -49,6 +49,17 @@ class Cgroup:
             self.dirs[ctrl] = os.path.join(ROOT, ctrl, rel)
         self.created: list[str] = []
 
+    def missing(self) -> list[str]:
+        """The directories create() will make (those not there yet), parents first."""
+        out = []
+        for d in self.dirs.values():
+            chain = []
+            while not os.path.isdir(d):
+                chain.append(d)
+                d = os.path.dirname(d)
+            out += reversed(chain)
+        return out
+
     def create(self) -> None:
         for ctrl, d in self.dirs.items():
             missing = []

@@ -123,15 +123,13 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
 
                     request = cap_request(request, opts.max_capabilities)
             with spans.span("cgroup"):
-                cgroup = _cgroup(spec, opts, gofer.pid)
+                cgroup = _cgroup(spec, opts, gofer.pid, sd)
                 if cgroup is None or "devices" not in cgroup.dirs:
                     # fail closed: with no device rules to stop it, CAP_MKNOD would let the
                     # container make and open the host's disks
                     print("sandbox: warning: no cgroup v1 devices controller: CAP_MKNOD is dropped",
                           file=sys.stderr)
                     spec = msgspec.structs.replace(spec, process=spec.process.without_capability("CAP_MKNOD"))
-                if cgroup is not None and cgroup.created:  # so that even a killed create is deleted whole
-                    sd.write(new_state(opts.cid, gofer.pid, opts.bundle, foreground=opts.foreground, cgroup=cgroup))
             for name in spec.unenforced():
                 print(f"sandbox: warning: {name} is set in config.json but not enforced", file=sys.stderr)
             hooks = spec.hooks.ours() if spec.hooks is not None else None
@@ -231,10 +229,13 @@ def _state(opts: Options, pid: int, bundle, spec, hooks, cgroup):
                      foreground=opts.foreground, hooks=hooks, cgroup=cgroup)
 
 
-def _cgroup(spec, opts: Options, gofer: int):
+def _cgroup(spec, opts: Options, gofer: int, sd):
     """The container's cgroup, limits and device rules applied, with the gofer in it before
-    it forks the init (which inherits it). None on a host without cgroup v1 controllers."""
+    it forks the init (which inherits it). None on a host without cgroup v1 controllers.
+    The directories it will make are in the state first: a create killed at any point is
+    then deleted whole by `delete --force`."""
     from gofer.cgroups import Cgroup
+    from sandbox.state import new_state
 
     cgroup = Cgroup(spec.linux.cgroups_path or opts.cid)
     if not cgroup.dirs:
@@ -242,6 +243,9 @@ def _cgroup(spec, opts: Options, gofer: int):
             print("sandbox: warning: linux.resources is not enforced: no cgroup v1 controllers here "
                   "(cgroup v2 is not supported yet)", file=sys.stderr)
         return None
+    state = new_state(opts.cid, gofer, opts.bundle, foreground=opts.foreground, cgroup=cgroup)
+    state.cgroup_created = cgroup.missing()
+    sd.write(state)
     try:
         cgroup.create()
         cgroup.apply(spec.linux.resources, spec.linux.devices)
