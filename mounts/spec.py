@@ -281,13 +281,13 @@ def parse_spec(data: bytes, path: str = "config.json") -> Spec:
         raise BundleError(f"{path}: invalid JSON: {e}") from None
     except RecursionError:
         raise BundleError(f"{path}: invalid JSON: nested too deeply") from None
-    _validate(spec, path)
+    validate(spec, path)
     if b"\\u0000" in data:  # JSON can carry a NUL only escaped: find the field it is in
         _no_nul(msgspec.to_builtins(spec), path, "$")
     return spec
 
 
-def _validate(spec: Spec, path: str) -> None:
+def validate(spec: Spec, path: str) -> None:
     """What msgspec's types cannot say: the numeric ranges the kernel takes (runc's types
     are uint32 and uint64; a bigger number is an error here, never an overflow later)."""
     def check(value: int, lo: int, hi: int, field: str) -> None:

@@ -47,13 +47,18 @@ def main(args) -> int:
 
 def _process(args, spec, bundle: str) -> Process:
     if args.process:
+        from mounts.spec import validate
+
         try:
             with open(args.process, "rb") as f:
-                return msgspec.json.decode(f.read(), type=Process)
+                proc = msgspec.json.decode(f.read(), type=Process)
         except OSError as e:
             raise BundleError(f"--process {args.process}: {e.strerror}") from None
         except msgspec.DecodeError as e:
             raise BundleError(f"--process {args.process}: {e}") from None
+        # the same checks as config.json's process (ranges, rlimit names, capabilities)
+        validate(msgspec.structs.replace(spec, process=proc), f"--process {args.process}")
+        return proc
     if not args.args:
         raise SandboxError("exec: which command? (sandbox exec ID COMMAND..., or --process FILE)")
     base = spec.process

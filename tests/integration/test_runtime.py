@@ -245,6 +245,11 @@ def _exec_checks(tmp_path):
     assert d.returncode == 0
     epid = int((tmp_path / "epid").read_text())
     assert alive(epid) and epid in json.loads(rt(tmp_path, "ps", "--format", "json", "x1").stdout)
+    bad = tmp_path / "process.json"
+    bad.write_text(json.dumps({"args": ["true"], "cwd": "/", "rlimits": [{"type": "RLIMIT_BOGUS", "soft": 1,
+                                                                         "hard": 1}]}))
+    refused = rt(tmp_path, "exec", "--process", bad, "x1")
+    assert refused.returncode == 2 and "RLIMIT_BOGUS" in refused.stderr and len(errors(refused)) == 1
     missing = rt(tmp_path, "exec", "x1", "no-such-command")
     assert missing.returncode == 127 and len(errors(missing)) == 1
     assert rt(tmp_path, "kill", "--all", "x1", "KILL").returncode == 0
