@@ -137,6 +137,9 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     if hooks is not None and (hooks.create_container or hooks.start_container):
         import subprocess  # noqa: F401 - imported from the host's tree, before any namespace is joined
 
+    if spec.process.oom_score_adj is not None:
+        with open("/proc/self/oom_score_adj", "w") as f:  # inherited by the container's process
+            f.write(str(spec.process.oom_score_adj))
     # Host-side things the init needs later are taken now, before any namespace is joined (a
     # mount namespace named by path would resolve them in another tree) or pivot_root.
     fifo = os.open(start.exec_fifo, os.O_RDWR | os.O_CLOEXEC) if start.exec_fifo else None
@@ -188,6 +191,11 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     with spans.span("pivot_root"):
         rootfs.pivot(root)
     with spans.span("masks"):
+        # sysctls through the container's own /proc, before readonlyPaths close /proc/sys
+        # (the keys were checked to belong to namespaces of its own)
+        for key, value in spec.linux.sysctl.items():
+            with open("/proc/sys/" + key.replace(".", "/"), "w") as f:
+                f.write(value)
         rootfs.mask_and_protect(spec)
         if spec.root.readonly:
             rootfs.readonly_root(root)

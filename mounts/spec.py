@@ -216,7 +216,7 @@ class Linux(_S):
     resources: Resources | None = None
     cgroups_path: str | None = None
     seccomp: Seccomp | None = None
-    sysctl: Any = None
+    sysctl: dict[str, str] = {}
     uid_mappings: Any = None
     gid_mappings: Any = None
     mount_label: str | None = None
@@ -245,13 +245,19 @@ class Spec(_S):
         return names
 
 
-_UNENFORCED_LINUX = (("sysctl", "sysctl"),
+_UNENFORCED_LINUX = (
                      ("uid_mappings", "uidMappings"), ("gid_mappings", "gidMappings"),
                      ("intel_rdt", "intelRdt"), ("personality", "personality"))
 _UNENFORCED_RESOURCES = (("block_io", "blockIO"), ("hugepage_limits", "hugepageLimits"), ("network", "network"),
                          ("rdma", "rdma"), ("unified", "unified"))
-_UNENFORCED_PROCESS = (("apparmor_profile", "apparmorProfile"), ("selinux_label", "selinuxLabel"),
-                       ("oom_score_adj", "oomScoreAdj"))
+_UNENFORCED_PROCESS = (("apparmor_profile", "apparmorProfile"), ("selinux_label", "selinuxLabel"))
+
+# sysctls that belong to a namespace, by the namespace that must be the container's own
+# (runc's rule): anything else would change the host.
+SYSCTL_NAMESPACES = (("net.", "network"), ("kernel.msgmax", "ipc"), ("kernel.msgmnb", "ipc"),
+                     ("kernel.msgmni", "ipc"), ("kernel.sem", "ipc"), ("kernel.shmall", "ipc"),
+                     ("kernel.shmmax", "ipc"), ("kernel.shmmni", "ipc"), ("kernel.shm_rmid_forced", "ipc"),
+                     ("fs.mqueue.", "ipc"), ("kernel.hostname", "uts"), ("kernel.domainname", "uts"))
 
 _decoder = msgspec.json.Decoder(Spec)
 
@@ -314,6 +320,16 @@ def validate(spec: Spec, path: str) -> None:
             check(rl.hard, 0, RLIM_MAX, f"process.rlimits[{i}].hard")
     if spec.linux.seccomp is not None:
         _validate_seccomp(spec.linux.seccomp, path, check)
+    if proc is not None and proc.oom_score_adj is not None:
+        check(proc.oom_score_adj, -1000, 1000, "process.oomScoreAdj")
+    new_ns = {ns.type for ns in spec.linux.namespaces if not ns.path}
+    for key, value in spec.linux.sysctl.items():
+        ns = next((n for prefix, n in SYSCTL_NAMESPACES if key == prefix or (prefix.endswith(".") and
+                                                                              key.startswith(prefix))), None)
+        if ns is None or ns not in new_ns or not key.replace(".", "").replace("_", "").replace("-", "").isalnum() \
+                or "\n" in value:
+            raise BundleError(f"{path}: linux.sysctl: {key!r} is not a sysctl of a namespace the container "
+                              "has of its own (it would change the host)")
     for i, rule in enumerate(spec.linux.resources.devices if spec.linux.resources else []):
         if rule.type not in (None, "a", "b", "c") or not set(rule.access or "rwm") <= set("rwm") \
                 or not rule.access and rule.access is not None:

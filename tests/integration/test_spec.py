@@ -92,11 +92,12 @@ def test_bind_mounts_and_join_a_namespace_by_path(make_bundle, tmp_path):
 def test_unenforced_fields_are_named_once(make_bundle, tmp_path):
     spec = fixtures.default_spec(["true"])
     bundle = make_bundle(linux={**spec["linux"], "sysctl": {"net.ipv4.ip_forward": "1"},
+                                "resources": {"blockIO": {"weight": 10}},
                                 "seccomp": {"defaultAction": "SCMP_ACT_ALLOW"}})
     r = run(bundle, tmp_path)
     assert r.returncode == 0
     warnings = [line for line in r.stderr.splitlines() if "warning" in line]
-    assert warnings == ["sandbox: warning: linux.sysctl is set in config.json but not enforced"]
+    assert warnings == ["sandbox: warning: linux.resources.blockIO is set in config.json but not enforced"]
 
 
 @pytest.mark.parametrize("tool", ["runc", "crun"])
@@ -155,3 +156,23 @@ def test_gpu_scratch_is_capped(make_bundle, tmp_path, rootfs_debian, driver_root
     assert tree(rootfs_debian) == before
     bad = run(bundle, tmp_path, "--driver-root", driver_root, "--scratch-size", "lots")
     assert bad.returncode == 2 and "--scratch-size" in bad.stderr
+
+
+def test_sysctl_and_oom_score_adj_as_under_runc(make_bundle, tmp_path):
+    import json
+    import subprocess
+
+    bundle = make_bundle(["sh", "-c", "cat /proc/sys/net/ipv4/ip_forward /proc/self/oom_score_adj"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"]["sysctl"] = {"net.ipv4.ip_forward": "1"}
+    spec["process"]["oomScoreAdj"] = 500
+    (bundle / "config.json").write_text(json.dumps(spec))
+    ours = run(bundle, tmp_path)
+    theirs = subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "-b", str(bundle), f"sy{os.getpid()}"],
+                            capture_output=True, text=True, timeout=60)
+    assert ours.returncode == 0 and theirs.returncode == 0, (ours.stderr, theirs.stderr)
+    assert ours.stdout == theirs.stdout == "1\n500\n"
+    spec["linux"]["sysctl"] = {"kernel.panic": "1"}  # the host's: refused
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = run(bundle, tmp_path)
+    assert r.returncode == 2 and "kernel.panic" in r.stderr and "host" in r.stderr
