@@ -155,6 +155,11 @@ class Cgroup:
         remove_dirs(self.created)
 
 
+def devices_enforced(dirs) -> bool:
+    """Whether the cgroup directories ``dirs`` include one of the devices controller."""
+    return any(os.path.relpath(d, ROOT).split("/")[0] == "devices" for d in dirs)
+
+
 def remove_dirs(dirs: list[str], patience: float = 2.0) -> None:
     """rmdir the cgroups we created, deepest first. A cgroup is busy until its last process
     is reaped (a zombie still counts): retried for ``patience`` seconds, then left."""

@@ -25,32 +25,33 @@ def run_hooks(hooks: list[Hook], stage: str, state: bytes) -> None:
     if not hooks:
         return
     import os
-    import subprocess
 
     umask = os.umask(0o022)  # the gofer works with umask 0; a hook's files must not be 0666
     try:
-        _run(subprocess, hooks, stage, state)
+        for i, hook in enumerate(hooks):
+            _run(i, hook, stage, state)
     finally:
         os.umask(umask)
 
 
-def _run(subprocess, hooks: list[Hook], stage: str, state: bytes) -> None:
-    for i, hook in enumerate(hooks):
-        argv = hook.args or [hook.path]
-        try:
-            r = subprocess.run(argv, executable=hook.path, input=state, env=dict(
-                item.partition("=")[::2] for item in hook.env), cwd="/", capture_output=True,
-                timeout=hook.timeout, close_fds=True)
-        except subprocess.TimeoutExpired:
-            raise SandboxError(f"hooks.{stage}[{i}] {hook.path}: timed out after {hook.timeout}s",
-                               op="hook", path=hook.path) from None
-        except OSError as e:
-            raise SandboxError(f"hooks.{stage}[{i}] {hook.path}: {e.strerror}", op="hook",
-                               path=hook.path) from None
-        if r.returncode != 0:
-            tail = (r.stderr or r.stdout).decode(errors="replace").strip().splitlines()[-1:]
-            raise SandboxError(f"hooks.{stage}[{i}] {hook.path}: exit status {r.returncode}"
-                               + (f": {tail[0]}" if tail else ""), op="hook", path=hook.path)
+def _run(i: int, hook: Hook, stage: str, state: bytes) -> None:
+    import subprocess
+
+    argv = hook.args or [hook.path]
+    try:
+        r = subprocess.run(argv, executable=hook.path, input=state, env=dict(
+            item.partition("=")[::2] for item in hook.env), cwd="/", capture_output=True,
+            timeout=hook.timeout, close_fds=True)
+    except subprocess.TimeoutExpired:
+        raise SandboxError(f"hooks.{stage}[{i}] {hook.path}: timed out after {hook.timeout}s",
+                           op="hook", path=hook.path) from None
+    except OSError as e:
+        raise SandboxError(f"hooks.{stage}[{i}] {hook.path}: {e.strerror}", op="hook",
+                           path=hook.path) from None
+    if r.returncode != 0:
+        tail = (r.stderr or r.stdout).decode(errors="replace").strip().splitlines()[-1:]
+        raise SandboxError(f"hooks.{stage}[{i}] {hook.path}: exit status {r.returncode}"
+                           + (f": {tail[0]}" if tail else ""), op="hook", path=hook.path)
 
 
 def state_json(cid: str, status: str, pid: int, bundle: str, annotations: dict[str, str]) -> bytes:

@@ -143,7 +143,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     # Host-side things the init needs later are taken now, before any namespace is joined (a
     # mount namespace named by path would resolve them in another tree) or pivot_root.
     fifo = os.open(start.exec_fifo, os.O_RDWR | os.O_CLOEXEC) if start.exec_fifo else None
-    console = _connect(start.console_socket) if start.console_socket else None
+    console = process.connect_console(start.console_socket) if start.console_socket else None
     # libseccomp is a host library: load it and build the filter here
     filt = seccomp.compile_filter(spec.linux.seccomp) if spec.linux.seccomp is not None else None
     with spans.span("unshare"):
@@ -231,17 +231,6 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
 def _hook_state(start: protocol.Start, pid: int) -> bytes:
     """The state JSON hooks read on stdin (built before pivot_root: nothing to import after)."""
     return state_json(start.id, "creating", pid, start.bundle, start.spec.annotations)
-
-
-def _connect(path: str) -> socket.socket:
-    """The --console-socket, connected while its host path is still visible."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        s.connect(path)
-    except OSError as e:
-        s.close()
-        raise SandboxError(f"--console-socket {path}: cannot connect: {e.strerror}", op="connect", path=path) from None
-    return s
 
 
 def _host_pid() -> int:

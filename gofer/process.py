@@ -96,6 +96,18 @@ def become(proc: Process, seccomp=None) -> None:
     prctl.set_keepcaps(False)
 
 
+def connect_console(path: str) -> socket.socket:
+    """The --console-socket, connected while its host path is still visible (before any
+    namespace is joined or the root moves)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        s.connect(path)
+    except OSError as e:
+        s.close()
+        raise ProcessError(f"--console-socket {path}: cannot connect: {e.strerror}", op="connect", path=path) from None
+    return s
+
+
 def open_console(console: socket.socket, proc: Process) -> None:
     """A new pty from the container's own devpts (called past pivot_root, or after joining
     its mount namespace): the master goes to the console socket (SCM_RIGHTS, as runc sends

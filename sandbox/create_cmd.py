@@ -4,8 +4,7 @@ caller (conmon, containerd-shim: a subreaper) becomes the init's parent and reap
 
 from __future__ import annotations
 
-from sandbox.launch import Gofer, launch, spawn_gofer, write_pid_file
-from sandbox.run_cmd import options
+from sandbox.launch import Gofer, launch, options, spawn_gofer, write_pid_file
 
 
 def main(args, gofer: Gofer | None = None) -> int:

@@ -23,15 +23,17 @@ def main(args) -> int:
 
     spec = load_bundle(state.bundle).spec
     proc = _process(args, spec, state.bundle)
-    if not any("/devices/" in d for d in state.cgroup):  # fail closed, as create does
+    from gofer.cgroups import devices_enforced
+
+    if not devices_enforced(state.cgroup):  # fail closed, as create does
         proc = proc.without_capability("CAP_MKNOD")
     console = None
     if args.console_socket:
         if not proc.terminal:
             raise SandboxError("--console-socket needs a terminal (-t or process.terminal)")
-        from gofer.main import _connect
+        from gofer.process import connect_console
 
-        console = _connect(args.console_socket)
+        console = connect_console(args.console_socket)
     from gofer.enter import spawn
 
     pid = spawn(state.pid, proc, console, args.preserve_fds, args.detach, spec.linux.seccomp, state.cgroup,

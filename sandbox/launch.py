@@ -75,9 +75,18 @@ class Options(NamedTuple):
     trace: str | None = None  # --trace FILE
 
 
+def options(args, detached: bool, foreground: bool) -> Options:
+    """Launch options from parsed arguments: runc's ``ID [-b BUNDLE]`` or our ``BUNDLE``."""
+    bundle = os.path.abspath(args.bundle or ".")
+    cid = args.container_id or os.path.basename(bundle)
+    return Options(cid, bundle, args.root, args.driver_root, args.dev_root, getattr(args, "gpus", None),
+                   getattr(args, "capabilities", None), getattr(args, "max_capabilities", None),
+                   getattr(args, "scratch_size", None), args.console_socket, args.preserve_fds,
+                   detached, foreground, args.trace)
+
+
 class Launched(NamedTuple):
     pid: int  # the init, as the host sees it
-    gofer: int  # our child (the same pid when there is no new pid namespace)
     spans: list  # the gofer's
     state: object  # sandbox.state.State as written
     hooks: object  # the bundle's Hooks we run (mounts.spec.Hooks) or None
@@ -92,6 +101,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
     import prctl
 
     from gofer import protocol
+    from gofer.cgroups import devices_enforced
     from mounts.errors import BundleError, SandboxError
     from mounts.spec import load_bundle
     from sandbox.state import StateDir, new_state
@@ -124,7 +134,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                     request = cap_request(request, opts.max_capabilities)
             with spans.span("cgroup"):
                 cgroup = _cgroup(spec, opts, gofer.pid, sd)
-                if cgroup is None or "devices" not in cgroup.dirs:
+                if not devices_enforced(cgroup.dirs.values() if cgroup else ()):
                     # fail closed: with no device rules to stop it, CAP_MKNOD would let the
                     # container make and open the host's disks
                     print("sandbox: warning: no cgroup v1 devices controller: CAP_MKNOD is dropped",
@@ -175,7 +185,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
         state = _state(opts, ready.pid, bundle, spec, hooks, cgroup)
         if not opts.detached:  # (a detached init's state was written before its Resume)
             sd.write(state)
-        return Launched(ready.pid, gofer.pid, ready.spans, state, hooks, trace)
+        return Launched(ready.pid, ready.spans, state, hooks, trace)
     except BaseException:
         sock.close()  # an init we do not know yet reads EOF and gives up
         for pid in {init, gofer.pid} - {None}:

@@ -14,10 +14,10 @@ import time
 
 from sandbox.launch import (
     Gofer,
-    Options,
     exit_code,
     forward_signals,
     launch,
+    options,
     spawn_gofer,
     write_pid_file,
 )
@@ -95,15 +95,6 @@ def _exited_within(pid: int, timeout: float) -> int | None:
     _, status = os.waitpid(pid, 0)
     return status
 
-
-def options(args, detached: bool, foreground: bool) -> Options:
-    """Launch options from parsed arguments: runc's ``ID [-b BUNDLE]`` or our ``BUNDLE``."""
-    bundle = os.path.abspath(args.bundle or ".")
-    cid = args.container_id or os.path.basename(bundle)
-    return Options(cid, bundle, args.root, args.driver_root, args.dev_root, getattr(args, "gpus", None),
-                   getattr(args, "capabilities", None), getattr(args, "max_capabilities", None),
-                   getattr(args, "scratch_size", None), args.console_socket, args.preserve_fds,
-                   detached, foreground, args.trace)
 
 
 def _warn_hooks(run_hooks, hooks, stage: str, state: bytes) -> None:

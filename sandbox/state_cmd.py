@@ -66,8 +66,14 @@ def parse_signal(value: str) -> int:
 
 
 def container_pids(state: State) -> list[int]:
-    """The init and every process in its pid namespace (all of them when the container
-    has one of its own; just the init when it shares the host's)."""
+    """Every process of the container: its cgroup's members (exec'd ones included, pid
+    namespace or not), else those of the init's own pid namespace, else just the init."""
+    if state.cgroup:
+        try:
+            with open(os.path.join(state.cgroup[0], "cgroup.procs")) as f:
+                return sorted(int(p) for p in f.read().split())
+        except OSError:
+            pass  # the cgroup is gone: the pid namespace tells
     try:
         ns = os.stat(f"/proc/{state.pid}/ns/pid").st_ino
         own = ns != os.stat("/proc/self/ns/pid").st_ino

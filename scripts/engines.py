@@ -81,6 +81,16 @@ class Engine:
     def prefix(self, runtime: str = "sandbox") -> list[str]:
         raise NotImplementedError
 
+    def _daemon(self, argv: list[str], log: str, timeout: float, env: dict | None = None) -> None:
+        """Start a daemon with its output in ``log`` and wait until its client answers."""
+        self.log = open(self.base / log, "w")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=env)
+        deadline = time.monotonic() + timeout
+        while self.cli("version").returncode != 0:
+            assert time.monotonic() < deadline and self.proc.poll() is None, (self.base / log).read_text()
+            time.sleep(0.1)
+
     def run_args(self, gpu: bool, runtime: str = "sandbox") -> list[str]:
         """What goes between `run` and the image: the runtime, no network, the GPU env."""
         raise NotImplementedError
@@ -176,13 +186,7 @@ class Containerd(Engine):
             f'[debug]\n  address = "{b}/debug.sock"\n')
         (b / "sandbox.toml").write_text(f'driver-root = "{self.driver_root}"\n')
         env = dict(os.environ, SANDBOX_CONFIG=str(b / "sandbox.toml"))  # the shims pass it on to us
-        self.log = open(b / "containerd.log", "w")
-        self.proc = subprocess.Popen(["containerd", "--config", str(b / "config.toml")], stdin=subprocess.DEVNULL,
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 30
-        while self.cli("version").returncode != 0:
-            assert time.monotonic() < deadline and self.proc.poll() is None, (b / "containerd.log").read_text()
-            time.sleep(0.1)
+        self._daemon(["containerd", "--config", str(b / "config.toml")], "containerd.log", 30, env)
         r = self.cli("images", "import", str(image))
         assert r.returncode == 0, r.stderr
 
@@ -221,15 +225,9 @@ class Docker(Engine):
                   "runtimes": {"sandbox": {"path": SANDBOX, "runtimeArgs": ["--driver-root", str(self.driver_root)]},
                                "plainrunc": {"path": RUNC}}}
         (b / "daemon.json").write_text(json.dumps(config))
-        self.log = open(b / "dockerd.log", "w")
-        self.proc = subprocess.Popen(
-            ["dockerd", "--config-file", str(b / "daemon.json"), "--data-root", str(b / "data"),
-             "--exec-root", str(b / "exec"), "--pidfile", str(b / "dockerd.pid"), "-H", f"unix://{b}/docker.sock"],
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while self.cli("version").returncode != 0:
-            assert time.monotonic() < deadline and self.proc.poll() is None, (b / "dockerd.log").read_text()
-            time.sleep(0.2)
+        self._daemon(["dockerd", "--config-file", str(b / "daemon.json"), "--data-root", str(b / "data"),
+                      "--exec-root", str(b / "exec"), "--pidfile", str(b / "dockerd.pid"),
+                      "-H", f"unix://{b}/docker.sock"], "dockerd.log", 60)
         r = self.cli("load", "-i", str(image))
         assert r.returncode == 0, r.stderr
         # docker keeps its own runc root; ours is the one under exec-root it passes as --root

@@ -331,3 +331,23 @@ def test_sigkill_of_create_mid_way_leaves_nothing(make_bundle, tmp_path, driver_
             assert not [d for d in os.listdir("/sys/fs/cgroup") if os.path.isdir(f"/sys/fs/cgroup/{d}/k{delay}")]
     finally:
         prctl.set_child_subreaper(False)
+
+
+def test_delete_force_kills_exec_d_processes_without_a_pid_namespace(make_bundle, tmp_path, clean_host):
+    """No pid namespace of its own: delete --force still kills every process of the container
+    (its cgroup's members), an exec'd one too, as runc does; nothing outlives it."""
+    spec_ns = [{"type": t} for t in ("network", "ipc", "uts", "mount")]
+    bundle = make_bundle(["sleep", "30"], linux={**json.loads((make_bundle(["true"]) / "config.json")
+                                                                  .read_text())["linux"], "namespaces": spec_ns})
+    assert create(tmp_path, bundle, "np1").returncode == 0
+    try:
+        assert rt(tmp_path, "start", "np1").returncode == 0
+        assert rt(tmp_path, "exec", "-d", "--pid-file", tmp_path / "epid", "np1", "sleep", "300").returncode == 0
+        epid = int((tmp_path / "epid").read_text())
+        assert epid in json.loads(rt(tmp_path, "ps", "--format", "json", "np1").stdout)
+    finally:
+        assert rt(tmp_path, "delete", "-f", "np1").returncode == 0
+    deadline = time.monotonic() + 5
+    while alive(epid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not alive(epid)
