@@ -81,6 +81,12 @@ class Engine:
     def prefix(self, runtime: str = "sandbox") -> list[str]:
         raise NotImplementedError
 
+    def _leave(self, *mounted: str) -> None:
+        """Unmount what the engine left mounted under our dir, remove the host paths it made."""
+        for sub in mounted:
+            subprocess.run(["umount", "-R", str(self.base / sub)], capture_output=True)
+        _rm_if_new(self.host_paths)
+
     def _daemon(self, argv: list[str], log: str, timeout: float, env: dict | None = None) -> None:
         """Start a daemon with its output in ``log`` and wait until its client answers."""
         self.log = open(self.base / log, "w")
@@ -168,9 +174,7 @@ class Podman(Engine):
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
             except (OSError, ValueError):
                 pass
-        subprocess.run(["umount", "-R", str(self.base / "root/overlay")], capture_output=True)
-        subprocess.run(["umount", "-R", str(self.base / "root")], capture_output=True)
-        _rm_if_new(self.host_paths)
+        self._leave("root/overlay", "root")
 
 
 class Containerd(Engine):
@@ -209,8 +213,7 @@ class Containerd(Engine):
         self.proc.terminate()
         self.proc.wait(timeout=30)
         self.log.close()
-        subprocess.run(["umount", "-R", str(self.base / "root")], capture_output=True)
-        _rm_if_new(self.host_paths)
+        self._leave("root")
 
 
 class Docker(Engine):
@@ -247,9 +250,7 @@ class Docker(Engine):
         self.proc.terminate()
         self.proc.wait(timeout=60)
         self.log.close()
-        subprocess.run(["umount", "-R", str(self.base / "data")], capture_output=True)
-        subprocess.run(["umount", "-R", str(self.base / "exec")], capture_output=True)
-        _rm_if_new(self.host_paths)
+        self._leave("data", "exec")
 
 
 ENGINES = {"podman": Podman, "containerd": Containerd, "docker": Docker}
