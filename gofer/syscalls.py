@@ -93,10 +93,10 @@ PR_CAP_AMBIENT_CLEAR_ALL = 4
 _NR = {
     "x86_64": {"pivot_root": 155, "open_tree": 428, "move_mount": 429, "fsopen": 430,
                "fsconfig": 431, "fsmount": 432, "openat2": 437, "mount_setattr": 442, "setns": 308,
-               "close_range": 436},
+               "close_range": 436, "bpf": 321, "ioprio_set": 251, "sched_setattr": 314},
     "aarch64": {"pivot_root": 41, "open_tree": 428, "move_mount": 429, "fsopen": 430,
                 "fsconfig": 431, "fsmount": 432, "openat2": 437, "mount_setattr": 442, "setns": 268,
-                "close_range": 436},
+                "close_range": 436, "bpf": 280, "ioprio_set": 30, "sched_setattr": 274},
 }[os.uname().machine]
 
 _syscall = _libc.syscall
@@ -295,6 +295,91 @@ def loopback_up() -> None:
         req = struct.pack("16sH22x", b"lo", 0)
         flags = struct.unpack_from("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, req))[1]
         fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+
+
+# --- bpf(2): cgroup v2 device programs (gofer/devfilter.py writes them) --------------------
+
+BPF_PROG_LOAD = 5
+BPF_PROG_ATTACH = 8
+BPF_PROG_DETACH = 9
+BPF_PROG_GET_FD_BY_ID = 13
+BPF_OBJ_GET_INFO_BY_FD = 15
+BPF_PROG_QUERY = 16
+BPF_PROG_TYPE_CGROUP_DEVICE = 15
+BPF_CGROUP_DEVICE = 6
+BPF_F_ALLOW_OVERRIDE = 1
+BPF_F_ALLOW_MULTI = 2
+BPF_F_REPLACE = 4
+
+
+def _bpf(cmd: int, attr: bytes, what: str) -> tuple[int, ctypes.Array]:
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    res = _retry(_syscall, ctypes.c_long(_NR["bpf"]), ctypes.c_int(cmd), buf, ctypes.c_uint(len(attr)))
+    return _check(res, "bpf", what), buf
+
+
+def bpf_prog_load_device(insns: bytes, what: str) -> int:
+    """Load a BPF_PROG_TYPE_CGROUP_DEVICE program; returns its fd (close-on-exec). The
+    verifier's log is asked for only after a refusal, to say why."""
+    import struct
+
+    code = ctypes.create_string_buffer(insns, len(insns))
+    lic = ctypes.create_string_buffer(b"Apache")
+    def attr(log: ctypes.Array | None) -> bytes:
+        return struct.pack("<IIQQIIQII16sII", BPF_PROG_TYPE_CGROUP_DEVICE, len(insns) // 8,
+                           ctypes.addressof(code), ctypes.addressof(lic), 1 if log else 0,
+                           len(log) if log else 0, ctypes.addressof(log) if log else 0, 0, 0,
+                           b"sandbox_devices", 0, BPF_CGROUP_DEVICE)
+    try:
+        return _bpf(BPF_PROG_LOAD, attr(None), what)[0]
+    except SyscallError as e:
+        log = ctypes.create_string_buffer(1 << 16)
+        try:
+            _bpf(BPF_PROG_LOAD, attr(log), what)
+        except SyscallError:
+            pass
+        reason = log.value.decode(errors="replace").strip().splitlines()
+        raise SyscallError(e.errno, "bpf", f"{what} (BPF_PROG_LOAD{': ' + reason[-1] if reason else ''})") from None
+
+
+def bpf_prog_attach(cgroup_fd: int, prog_fd: int, flags: int, replace_fd: int = 0, what: str = "") -> None:
+    import struct
+
+    _bpf(BPF_PROG_ATTACH, struct.pack("<IIIII", cgroup_fd, prog_fd, BPF_CGROUP_DEVICE, flags, replace_fd),
+         f"{what} (BPF_PROG_ATTACH)")
+
+
+def bpf_prog_query(cgroup_fd: int, what: str = "") -> tuple[int, list[int]]:
+    """(attach flags, ids) of the device programs attached to the cgroup itself."""
+    import struct
+
+    ids = (ctypes.c_uint32 * 64)()
+    _, buf = _bpf(BPF_PROG_QUERY, struct.pack("<IIIIQI4x", cgroup_fd, BPF_CGROUP_DEVICE, 0, 0,
+                                              ctypes.addressof(ids), len(ids)), f"{what} (BPF_PROG_QUERY)")
+    flags, count = struct.unpack_from("<I", buf, 12)[0], struct.unpack_from("<I", buf, 24)[0]
+    return flags, list(ids[:count])
+
+
+def bpf_prog_instructions(prog_id: int, what: str = "") -> tuple[int, bytes]:
+    """(an fd of program ``prog_id``, its instructions as the kernel holds them)."""
+    import struct
+
+    fd = _bpf(BPF_PROG_GET_FD_BY_ID, struct.pack("<III", prog_id, 0, 0), f"{what} (BPF_PROG_GET_FD_BY_ID)")[0]
+    try:
+        info = ctypes.create_string_buffer(256)
+        _bpf(BPF_OBJ_GET_INFO_BY_FD, struct.pack("<IIQ", fd, len(info), ctypes.addressof(info)),
+             f"{what} (BPF_OBJ_GET_INFO_BY_FD)")
+        size = struct.unpack_from("<I", info, 20)[0]
+        insns = ctypes.create_string_buffer(size)
+        info = ctypes.create_string_buffer(256)
+        struct.pack_into("<I", info, 20, size)  # xlated_prog_len, then xlated_prog_insns
+        struct.pack_into("<Q", info, 32, ctypes.addressof(insns))
+        _bpf(BPF_OBJ_GET_INFO_BY_FD, struct.pack("<IIQ", fd, len(info), ctypes.addressof(info)),
+             f"{what} (BPF_OBJ_GET_INFO_BY_FD)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, insns.raw
 
 
 # --- libseccomp (Debian's libseccomp2, as runc links it) -----------------------------------

@@ -194,15 +194,58 @@ class Pids(_S):
     limit: int
 
 
+class WeightDevice(_S):
+    major: int
+    minor: int
+    weight: int | None = None
+    leaf_weight: int | None = None
+
+
+class ThrottleDevice(_S):
+    major: int
+    minor: int
+    rate: int = 0
+
+
+class BlockIO(_S):
+    weight: int | None = None
+    leaf_weight: int | None = None
+    weight_device: list[WeightDevice] = []
+    throttle_read_bps_device: list[ThrottleDevice] = []
+    throttle_write_bps_device: list[ThrottleDevice] = []
+    throttle_read_iops_device: list[ThrottleDevice] = msgspec.field(default=[], name="throttleReadIOPSDevice")
+    throttle_write_iops_device: list[ThrottleDevice] = msgspec.field(default=[], name="throttleWriteIOPSDevice")
+
+
+class HugepageLimit(_S):
+    page_size: str
+    limit: int
+
+
+class InterfacePriority(_S):
+    name: str
+    priority: int
+
+
+class Network(_S):
+    class_id: int | None = msgspec.field(default=None, name="classID")
+    priorities: list[InterfacePriority] = []
+
+
+class Rdma(_S):
+    hca_handles: int | None = None
+    hca_objects: int | None = None
+
+
 class Resources(_S):
     devices: list[DeviceRule] = []
     memory: Memory | None = None
     cpu: Cpu | None = None
     pids: Pids | None = None
-    block_io: Any = msgspec.field(default=None, name="blockIO")
-    hugepage_limits: Any = None
-    network: Any = None
-    rdma: Any = None
+    block_io: BlockIO | None = msgspec.field(default=None, name="blockIO")
+    hugepage_limits: list[HugepageLimit] = []
+    network: Network | None = None
+    rdma: dict[str, Rdma] = {}
     unified: dict[str, str] | None = None
 
 
@@ -237,19 +280,13 @@ class Spec(_S):
     def unenforced(self) -> list[str]:
         """Names of the fields this spec sets that the launcher does not enforce."""
         fields = [(self.linux, "linux", _UNENFORCED_LINUX), (self.process, "process", _UNENFORCED_PROCESS)]
-        names = [f"{where}.{camel}" for obj, where, names in fields if obj is not None
-                 for attr, camel in names if getattr(obj, attr) is not None]
-        res = self.linux.resources
-        if res is not None:
-            names += [f"linux.resources.{camel}" for attr, camel in _UNENFORCED_RESOURCES if getattr(res, attr)]
-        return names
+        return [f"{where}.{camel}" for obj, where, names in fields if obj is not None
+                for attr, camel in names if getattr(obj, attr) is not None]
 
 
 _UNENFORCED_LINUX = (
                      ("uid_mappings", "uidMappings"), ("gid_mappings", "gidMappings"),
                      ("intel_rdt", "intelRdt"), ("personality", "personality"))
-_UNENFORCED_RESOURCES = (("block_io", "blockIO"), ("hugepage_limits", "hugepageLimits"), ("network", "network"),
-                         ("rdma", "rdma"), ("unified", "unified"))
 _UNENFORCED_PROCESS = (("apparmor_profile", "apparmorProfile"), ("selinux_label", "selinuxLabel"))
 
 # sysctls that belong to a namespace, by the namespace that must be the container's own
@@ -339,6 +376,8 @@ def validate(spec: Spec, path: str) -> None:
             value = getattr(rule, name)
             if value is not None and value != -1:
                 check(value, 0, UINT32_MAX, f"linux.resources.devices[{i}].{name}")
+    if spec.linux.resources is not None:
+        _validate_resources(spec.linux.resources, path)
     for i, d in enumerate(spec.linux.devices):
         for name in ("major", "minor", "uid", "gid"):
             value = getattr(d, name)
@@ -346,6 +385,25 @@ def validate(spec: Spec, path: str) -> None:
                 check(value, 0, UINT32_MAX, f"linux.devices[{i}].{name}")
         if d.file_mode is not None:
             check(d.file_mode, 0, 0o7777, f"linux.devices[{i}].fileMode")
+
+
+def _validate_resources(r: Resources, path: str) -> None:
+    """What goes into a cgroup file's name or a line of it: never a path, never a newline."""
+    import re
+
+    for i, h in enumerate(r.hugepage_limits):
+        if not re.fullmatch(r"[0-9]+[KMG]B", h.page_size):
+            raise BundleError(f"{path}: linux.resources.hugepageLimits[{i}].pageSize: {h.page_size!r} is not "
+                              "a page size such as 2MB or 1GB")
+    names = [("linux.resources.rdma", dev) for dev in r.rdma]
+    names += [("linux.resources.network.priorities", p.name) for p in (r.network.priorities if r.network else [])]
+    for field, name in names:
+        if not re.fullmatch(r"[A-Za-z0-9_.:-]+", name):
+            raise BundleError(f"{path}: {field}: {name!r} is not a device or interface name")
+    for key, value in (r.unified or {}).items():
+        if not re.fullmatch(r"[a-z0-9_]+\.[a-z0-9_.]+", key) or "\n" in value:
+            raise BundleError(f"{path}: linux.resources.unified: {key!r} is not a cgroup interface file name "
+                              "(or its value has a newline)")
 
 
 def _validate_seccomp(sc: Seccomp, path: str, check) -> None:

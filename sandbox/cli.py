@@ -85,7 +85,7 @@ def parser():
     ap.add_argument("--log-format", choices=["text", "json"], default="text")
     ap.add_argument("--debug", action="store_true", help="print a traceback with errors")
     ap.add_argument("--systemd-cgroup", action="store_true",
-                    help="accepted for the engines' sake; cgroups are not managed by sandbox yet")
+                    help="the systemd cgroup manager (refused: sandbox uses cgroupfs)")
     ap.add_argument("--config", help="config file (default $SANDBOX_CONFIG, else /etc/gpu-sandbox/config.toml)")
     ap.add_argument("--criu", help="accepted for runc's sake; checkpointing is not supported")
     ap.add_argument("--rootless", help="accepted for runc's sake; sandbox runs as root")

@@ -20,7 +20,7 @@ def main(args) -> int:
         "linux": {
             "namespaces": sorted(n for n in NAMESPACES if n != "user"),
             "capabilities": sorted(CAP_NUMBERS),
-            "cgroup": {"v1": False, "v2": False, "systemd": False, "systemdUser": False},
+            "cgroup": {"v1": True, "v2": True, "systemd": False, "systemdUser": False},
             "seccomp": {"enabled": True, "actions": [a for a in SECCOMP_ACTIONS if a != "SCMP_ACT_NOTIFY"],
                         "operators": list(SECCOMP_OPS), "archs": ["SCMP_ARCH_X86", "SCMP_ARCH_X86_64",
                                                                   "SCMP_ARCH_X32", "SCMP_ARCH_AARCH64"]},

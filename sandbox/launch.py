@@ -73,6 +73,7 @@ class Options(NamedTuple):
     detached: bool = False  # create: the init waits on exec.fifo and outlives us
     foreground: bool = False  # `sandbox run`: the state goes when the run ends
     trace: str | None = None  # --trace FILE
+    systemd_cgroup: bool = False  # --systemd-cgroup: cgroupsPath is slice:prefix:name
 
 
 def options(args, detached: bool, foreground: bool) -> Options:
@@ -82,7 +83,7 @@ def options(args, detached: bool, foreground: bool) -> Options:
     return Options(cid, bundle, args.root, args.driver_root, args.dev_root, getattr(args, "gpus", None),
                    getattr(args, "capabilities", None), getattr(args, "max_capabilities", None),
                    getattr(args, "scratch_size", None), args.console_socket, args.preserve_fds,
-                   detached, foreground, args.trace)
+                   detached, foreground, args.trace, getattr(args, "systemd_cgroup", False))
 
 
 class Launched(NamedTuple):
@@ -137,8 +138,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                 if not devices_enforced(cgroup.dirs.values() if cgroup else ()):
                     # fail closed: with no device rules to stop it, CAP_MKNOD would let the
                     # container make and open the host's disks
-                    print("sandbox: warning: no cgroup v1 devices controller: CAP_MKNOD is dropped",
-                          file=sys.stderr)
+                    print("sandbox: warning: no devices cgroup here: CAP_MKNOD is dropped", file=sys.stderr)
                     spec = msgspec.structs.replace(spec, process=spec.process.without_capability("CAP_MKNOD"))
             for name in spec.unenforced():
                 print(f"sandbox: warning: {name} is set in config.json but not enforced", file=sys.stderr)
@@ -153,6 +153,9 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                 hooks_pause=pause, cgroup_created=cgroup.created if cgroup is not None else []))
             if request is not None:
                 _stream_plan(sock, request, bundle, opts, spans, cgroup)
+            if cgroup is not None:
+                with spans.span("device rules"):
+                    cgroup.seal()  # before End: the container's process runs only after it
             protocol.send(sock, protocol.End())
         except BrokenPipeError:
             pass  # the gofer failed first: its Error frame says why
@@ -241,17 +244,25 @@ def _state(opts: Options, pid: int, bundle, spec, hooks, cgroup):
 
 def _cgroup(spec, opts: Options, gofer: int, sd):
     """The container's cgroup, limits and device rules applied, with the gofer in it before
-    it forks the init (which inherits it). None on a host without cgroup v1 controllers.
+    it forks the init (which inherits it). None on a host without any cgroup hierarchy.
     The directories it will make are in the state first: a create killed at any point is
     then deleted whole by `delete --force`."""
-    from gofer.cgroups import Cgroup
+    from gofer.cgroups import container_cgroup
+    from mounts.errors import SandboxError
     from sandbox.state import new_state
 
-    cgroup = Cgroup(spec.linux.cgroups_path or opts.cid)
-    if not cgroup.dirs:
+    if opts.systemd_cgroup:
+        # runc's rule: the systemd manager needs a running systemd, which creates the unit;
+        # we do not speak its D-Bus API (docs/design.md, "cgroups")
+        why = ("systemd is not running on this host" if not os.path.isdir("/run/systemd/system")
+               else "sandbox manages cgroups through cgroupfs only")
+        raise SandboxError(f"--systemd-cgroup: {why}: cannot use the systemd cgroup manager "
+                           "(run the engine with the cgroupfs manager)")
+    cgroup = container_cgroup(spec.linux.cgroups_path or opts.cid)
+    if cgroup is None:
         if spec.linux.resources is not None:
-            print("sandbox: warning: linux.resources is not enforced: no cgroup v1 controllers here "
-                  "(cgroup v2 is not supported yet)", file=sys.stderr)
+            raise SandboxError("linux.resources: no cgroup hierarchy is mounted under /sys/fs/cgroup "
+                               "to enforce it")
         return None
     state = new_state(opts.cid, gofer, opts.bundle, foreground=opts.foreground, cgroup=cgroup)
     state.cgroup_created = cgroup.missing()

@@ -1,0 +1,102 @@
+"""linux.resources as cgroup files, v1 and v2 (runc's conversions), and what is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gofer.cgroups import device_rules, v1_files, v2_files
+from gofer.devfilter import Rule, allow_first, program
+from mounts.errors import BundleError, SandboxError
+from mounts.spec import parse_spec
+
+
+def resources(**r):
+    spec = {"ociVersion": "1.0.2", "root": {"path": "rootfs"}, "linux": {"resources": r}}
+    return parse_spec(json.dumps(spec).encode()).linux.resources
+
+
+def v2(**r) -> dict[str, object]:
+    return {name: value for name, value, _ in v2_files(resources(**r), lambda f: False)}
+
+
+@pytest.mark.parametrize("r,files", [
+    ({"memory": {"limit": 67108864}}, {"memory.max": 67108864}),
+    ({"memory": {"limit": -1}}, {"memory.max": "max"}),
+    ({"memory": {"limit": 100, "swap": 300, "reservation": 50}}, {"memory.max": 100, "memory.swap.max": 200,
+                                                                  "memory.low": 50}),
+    ({"memory": {"limit": 100, "swap": -1}}, {"memory.max": 100, "memory.swap.max": "max"}),
+    ({"cpu": {"shares": 1024}}, {"cpu.weight": 39}),
+    ({"cpu": {"shares": 2}}, {"cpu.weight": 1}),
+    ({"cpu": {"shares": 262144}}, {"cpu.weight": 10000}),
+    ({"cpu": {"quota": 50000, "period": 100000}}, {"cpu.max": "50000 100000"}),
+    ({"cpu": {"quota": -1}}, {"cpu.max": "max 100000"}),
+    ({"cpu": {"cpus": "0-1", "mems": "0"}}, {"cpuset.cpus": "0-1", "cpuset.mems": "0"}),
+    ({"pids": {"limit": 64}}, {"pids.max": 64}),
+    ({"pids": {"limit": -1}}, {"pids.max": "max"}),
+    ({"blockIO": {"weight": 500}}, {"io.weight": 4950}),
+    ({"blockIO": {"throttleReadBpsDevice": [{"major": 8, "minor": 0, "rate": 1048576}]}},
+     {"io.max": "8:0 rbps=1048576"}),
+    ({"hugepageLimits": [{"pageSize": "2MB", "limit": 4194304}]}, {"hugetlb.2MB.max": 4194304}),
+    ({"rdma": {"mlx5_1": {"hcaHandles": 3, "hcaObjects": 10000}}}, {"rdma.max": "mlx5_1 hca_handle=3 hca_object=10000"}),
+    ({"unified": {"memory.high": "1G", "io.max": "8:0 wiops=10"}}, {"memory.high": "1G", "io.max": "8:0 wiops=10"}),
+])
+def test_v2_files(r, files):
+    assert v2(**r) == files
+
+
+@pytest.mark.parametrize("r,message", [
+    ({"memory": {"swap": 100}}, "needs a memory limit"),
+    ({"memory": {"limit": 200, "swap": 100}}, "below the memory limit"),
+    ({"memory": {"swappiness": 10}}, "swappiness"),
+    ({"memory": {"disableOOMKiller": True}}, "disableOOMKiller"),
+    ({"cpu": {"realtimeRuntime": 100}}, "realtime"),
+    ({"network": {"classID": 1}}, "net_cls"),
+    ({"unified": {"cgroup.procs": "1"}}, "cgroup.procs"),
+])
+def test_v2_refuses_in_one_line(r, message):
+    with pytest.raises(SandboxError, match=message):
+        v2(**r)
+
+
+def test_v1_files():
+    files = [(c, f, v) for c, f, v, _ in v1_files(resources(
+        memory={"limit": 100, "swap": 200, "disableOOMKiller": True}, cpu={"shares": 512, "cpus": "0"},
+        pids={"limit": 0}, blockIO={"weight": 100, "throttleWriteIOPSDevice": [{"major": 8, "minor": 0, "rate": 9}]},
+        hugepageLimits=[{"pageSize": "1GB", "limit": 0}]))]
+    assert files == [("memory", "memory.limit_in_bytes", 100), ("memory", "memory.memsw.limit_in_bytes", 200),
+                     ("memory", "memory.oom_control", 1), ("cpu", "cpu.shares", 512), ("cpuset", "cpuset.cpus", "0"),
+                     ("pids", "pids.max", "max"), ("blkio", "blkio.weight", 100),
+                     ("blkio", "blkio.throttle.write_iops_device", "8:0 9"),
+                     ("hugetlb", "hugetlb.1GB.limit_in_bytes", 0)]
+    with pytest.raises(SandboxError, match="unified: needs cgroup v2"):
+        v1_files(resources(unified={"memory.high": "1"}))
+
+
+@pytest.mark.parametrize("r,field", [
+    ({"hugepageLimits": [{"pageSize": "../../cgroup.procs", "limit": 1}]}, "hugepageLimits[0].pageSize"),
+    ({"rdma": {"a b": {"hcaHandles": 1}}}, "linux.resources.rdma"),
+    ({"network": {"priorities": [{"name": "eth0\n1", "priority": 1}]}}, "network.priorities"),
+    ({"unified": {"../memory.max": "1"}}, "unified"),
+    ({"unified": {"memory.max": "1\n2"}}, "unified"),
+])
+def test_names_that_would_reach_another_file_are_refused(r, field):
+    with pytest.raises(BundleError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        resources(**r)
+
+
+def test_device_rules_order():
+    rules = device_rules(resources(devices=[{"allow": True, "type": "c", "major": 10, "minor": -1, "access": "r"}]),
+                         [])
+    assert rules[0] == Rule(False) and rules[1] == Rule(True, "c", 10, None, "r")
+    assert Rule(True, "c", 136, None).line() == "c 136:* rwm"
+
+
+def test_program_shapes():
+    """An unconditional rule ends the program (the verifier refuses unreachable code), and
+    allow_first keeps the other program whole at its end."""
+    assert len(program([Rule(False), Rule(True)])) == (6 + 2) * 8
+    tail = program([Rule(False)])
+    joined = allow_first([Rule(True, "c", 195, 0)], tail)
+    assert joined.endswith(tail) and len(joined) == len(tail) + 6 * 8 + (3 + 2) * 8  # prologue, type major minor, verdict
