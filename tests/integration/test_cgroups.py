@@ -100,3 +100,40 @@ def teardown_module():
             os.rmdir(f"/sys/fs/cgroup/{c}/sandbox-test-{os.getpid()}")
         except OSError:
             pass
+
+
+def test_block_io_throttle_as_under_runc(make_bundle, tmp_path):
+    """linux.resources.blockIO on the blkio controller: the container reads its own limit."""
+    with open("/sys/block/vda/dev") if os.path.exists("/sys/block/vda/dev") else open("/sys/block/loop0/dev") as f:
+        major, minor = map(int, f.read().split(":"))
+    bundle = make_bundle(["cat", "/sys/fs/cgroup/blkio/blkio.throttle.read_bps_device",
+                          "/sys/fs/cgroup/blkio/blkio.throttle.write_iops_device"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"]["resources"] = {"blockIO": {
+        "throttleReadBpsDevice": [{"major": major, "minor": minor, "rate": 1048576}],
+        "throttleWriteIOPSDevice": [{"major": major, "minor": minor, "rate": 100}]}}
+    spec["linux"]["cgroupsPath"] = f"/sandbox-test-{os.getpid()}/{bundle.name}"
+    (bundle / "config.json").write_text(json.dumps(spec))
+    ours = sandbox("run", bundle, "--root", tmp_path / "ours")
+    theirs = subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "-b", str(bundle), f"bio{os.getpid()}"],
+                            capture_output=True, text=True, timeout=60)
+    assert ours.returncode == 0 and theirs.returncode == 0, (ours.stderr, theirs.stderr)
+    assert ours.stdout.split("\n")[:2] == [f"{major}:{minor} 1048576", f"{major}:{minor} 100"], ours.stdout
+    assert ours.stdout == theirs.stdout
+
+
+def test_a_controller_that_is_not_mounted_is_one_line(make_bundle, tmp_path):
+    """hugetlb is not mounted on this host: a hugepage limit refuses the container, naming
+    the field and the controller, and leaves no cgroup behind."""
+    bundle = make_bundle(["true"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"]["resources"] = {"hugepageLimits": [{"pageSize": "2MB", "limit": 2097152}]}
+    spec["linux"]["cgroupsPath"] = f"/sandbox-test-{os.getpid()}/{bundle.name}"
+    (bundle / "config.json").write_text(json.dumps(spec))
+    if os.path.isdir("/sys/fs/cgroup/hugetlb"):
+        pytest.skip("this host mounts hugetlb")
+    r = sandbox("run", bundle, "--root", tmp_path / "s")
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip() == ("sandbox run: linux.resources.hugepageLimits: the hugetlb cgroup controller is "
+                                "not mounted under /sys/fs/cgroup"), r.stderr
+    assert not any(os.path.exists(d) for d in _cgroup_dirs(bundle))
