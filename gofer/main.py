@@ -201,6 +201,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             rootfs.readonly_root(root)
         if spec.hostname and any(ns.type == "uts" for ns in spec.linux.namespaces):
             socket.sethostname(spec.hostname)
+        rootfs.propagate_root(spec)
     root.close()
 
     proc = spec.process

@@ -111,7 +111,9 @@ def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: s
     mount points and links for GPU files go to its tmpfs upper layer, and so do the
     container's own writes (as with runsc's overlay root): the image is never modified."""
     prop = PROPAGATION.get(spec.linux.rootfs_propagation or "rprivate", sc.MS_PRIVATE | sc.MS_REC)
-    sc.mount(None, "/", None, sc.MS_REC | (prop if prop & (sc.MS_PRIVATE | sc.MS_SLAVE) else sc.MS_PRIVATE))
+    # private stays private; slave and shared roots start as slaves (host mounts still reach
+    # them, none of ours goes back); propagate_root makes a shared one shared past pivot_root
+    sc.mount(None, "/", None, sc.MS_REC | (sc.MS_PRIVATE if prop & (sc.MS_PRIVATE | sc.MS_UNBINDABLE) else sc.MS_SLAVE))
     sc.mount(rootfs, rootfs, None, sc.MS_BIND | sc.MS_REC)
     root = Root(rootfs, scratch_size)
     if overlay:
@@ -249,6 +251,15 @@ def mask_and_protect(spec: Spec) -> None:
             continue
         sc.mount(path, path, None, sc.MS_BIND | sc.MS_REC)
         sc.mount(None, path, None, sc.MS_BIND | sc.MS_REMOUNT | sc.MS_RDONLY | sc.MS_REC)
+
+
+def propagate_root(spec: Spec) -> None:
+    """linux.rootfsPropagation on the container's "/" (as runc applies it, past pivot_root).
+    Until then our copy of the tree was private or slave (prepare_root), so a shared root
+    is a new peer group of the container's own, never one joined with the host's mounts."""
+    prop = spec.linux.rootfs_propagation
+    if prop:
+        sc.mount(None, "/", None, PROPAGATION[prop])
 
 
 def readonly_root(root: Root) -> None:

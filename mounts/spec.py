@@ -296,6 +296,8 @@ SYSCTL_NAMESPACES = (("net.", "network"), ("kernel.msgmax", "ipc"), ("kernel.msg
                      ("kernel.shmmax", "ipc"), ("kernel.shmmni", "ipc"), ("kernel.shm_rmid_forced", "ipc"),
                      ("fs.mqueue.", "ipc"), ("kernel.hostname", "uts"), ("kernel.domainname", "uts"))
 
+PROPAGATIONS = ("private", "rprivate", "slave", "rslave", "shared", "rshared", "unbindable", "runbindable")
+
 _decoder = msgspec.json.Decoder(Spec)
 
 
@@ -378,6 +380,9 @@ def validate(spec: Spec, path: str) -> None:
                 check(value, 0, UINT32_MAX, f"linux.resources.devices[{i}].{name}")
     if spec.linux.resources is not None:
         _validate_resources(spec.linux.resources, path)
+    if spec.linux.rootfs_propagation not in (None, *PROPAGATIONS):
+        raise BundleError(f"{path}: linux.rootfsPropagation: {spec.linux.rootfs_propagation!r} is not one of "
+                          f"{', '.join(PROPAGATIONS)}")
     for i, d in enumerate(spec.linux.devices):
         for name in ("major", "minor", "uid", "gid"):
             value = getattr(d, name)

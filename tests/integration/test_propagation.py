@@ -1,0 +1,55 @@
+"""linux.rootfsPropagation: a slave root receives what is mounted on the host under the
+rootfs afterwards, a private one does not, a shared one does and is a peer group of its own
+besides; none carries the container's mounts back to the host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.helpers import mount_table
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+WATCH = ("touch /root/ready; for i in $(seq 20); do test -e /tmp/hello && { echo seen; break; }; sleep 0.1; done; "
+         "test -e /tmp/hello || echo unseen; awk '$5==\"/\" {print ($7 ~ /^shared:/) ? \"root-shared\" : "
+         "($7 ~ /^master:/) ? \"root-slave\" : \"root-private\"}' /proc/self/mountinfo; "
+         "mount -t tmpfs tmpfs /tmp 2>/dev/null; true")
+
+
+@pytest.mark.parametrize("prop,expect", [
+    ("rslave", ["seen", "root-slave"]), ("slave", ["seen", "root-slave"]),
+    ("rprivate", ["unseen", "root-private"]), (None, ["unseen", "root-private"]),
+    ("rshared", ["seen", "root-shared"]), ("runbindable", ["unseen", "root-private"]),
+])
+def test_root_propagation(prop, expect, make_bundle, tmp_path, rootfs_debian):
+    """The rootfs lives under a shared mount of the test's own namespace (as on a systemd
+    host); the test mounts a tmpfs on its /tmp once the container runs."""
+    top = tmp_path / "shared"
+    top.mkdir()
+    bundle = make_bundle(["sh", "-c", WATCH])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["root"]["path"] = str(top / "rootfs")
+    spec["process"]["capabilities"] = {k: ["CAP_SYS_ADMIN"] for k in ("bounding", "effective", "permitted")}
+    if prop:
+        spec["linux"]["rootfsPropagation"] = prop
+    (tmp_path / "sig").mkdir()  # the container says it runs: the test mounts only then (at a
+    # mount point the image has: a new one would need an overlay over the root, see design.md)
+    spec["mounts"].append({"destination": "/root", "type": "bind", "source": str(tmp_path / "sig"),
+                           "options": ["rbind"]})
+    (bundle / "config.json").write_text(json.dumps(spec))
+    script = (f"mount -t tmpfs tmpfs {top} && mount --make-shared {top} && mkdir {top}/rootfs && "
+              f"mount --bind {rootfs_debian} {top}/rootfs && "
+              f"({sys.executable} -m sandbox.cli --root {tmp_path}/s run {bundle} & "
+              f"while ! test -e {tmp_path}/sig/ready; do sleep 0.05; done; mount -t tmpfs tmpfs {top}/rootfs/tmp && touch {top}/rootfs/tmp/hello; wait) ; "
+              f"grep -c ' {top}/rootfs/tmp ' /proc/self/mountinfo")
+    before = mount_table()
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=60)
+    # the container's own tmpfs on /tmp (its last command) never reaches the test's tree
+    assert r.stdout.split() == [*expect, "1"], (r.stdout, r.stderr)
+    assert mount_table() == before
