@@ -189,10 +189,11 @@ def v1_files(r) -> list[tuple[str, str, object, str]]:
     if mem is not None:
         for name, value, field in (("memory.limit_in_bytes", mem.limit, "limit"),
                                    ("memory.soft_limit_in_bytes", mem.reservation, "reservation"),
-                                   ("memory.memsw.limit_in_bytes", mem.swap, "swap"),
-                                   ("memory.swappiness", mem.swappiness, "swappiness")):
-            if value is not None:
+                                   ("memory.memsw.limit_in_bytes", mem.swap, "swap")):
+            if value:  # 0 is unset (runc's rule: engines send zeros for what nobody asked)
                 out.append(("memory", name, value, f"linux.resources.memory.{field}"))
+        if mem.swappiness is not None and mem.swappiness != -1:
+            out.append(("memory", "memory.swappiness", mem.swappiness, "linux.resources.memory.swappiness"))
         if mem.disable_oom_killer:
             out.append(("memory", "memory.oom_control", 1, "linux.resources.memory.disableOOMKiller"))
     cpu = r.cpu
@@ -201,24 +202,24 @@ def v1_files(r) -> list[tuple[str, str, object, str]]:
                                    ("cpu.cfs_quota_us", cpu.quota, "quota"),
                                    ("cpu.rt_period_us", cpu.realtime_period, "realtimePeriod"),
                                    ("cpu.rt_runtime_us", cpu.realtime_runtime, "realtimeRuntime")):
-            if value is not None:
+            if value:
                 out.append(("cpu", name, value, f"linux.resources.cpu.{field}"))
         for name, value in (("cpus", cpu.cpus), ("mems", cpu.mems)):
             if value:
                 out.append(("cpuset", f"cpuset.{name}", value, f"linux.resources.cpu.{name}"))
-    if r.pids is not None:
+    if r.pids is not None and r.pids.limit:
         out.append(("pids", "pids.max", r.pids.limit if r.pids.limit > 0 else "max", "linux.resources.pids.limit"))
     io = r.block_io
     if io is not None:
         where = "linux.resources.blockIO"
-        if io.weight is not None:
+        if io.weight:
             out.append(("blkio", "blkio.weight", io.weight, f"{where}.weight"))
-        if io.leaf_weight is not None:
+        if io.leaf_weight:
             out.append(("blkio", "blkio.leaf_weight", io.leaf_weight, f"{where}.leafWeight"))
         for d in io.weight_device:
-            if d.weight is not None:
+            if d.weight:
                 out.append(("blkio", "blkio.weight_device", f"{d.major}:{d.minor} {d.weight}", f"{where}.weightDevice"))
-            if d.leaf_weight is not None:
+            if d.leaf_weight:
                 out.append(("blkio", "blkio.leaf_weight_device", f"{d.major}:{d.minor} {d.leaf_weight}",
                             f"{where}.weightDevice"))
         for field, name in THROTTLE:
@@ -307,13 +308,13 @@ def v2_files(r, exists) -> list[tuple[str, object, str]]:
     mem = r.memory
     if mem is not None:
         where = "linux.resources.memory"
-        if mem.limit is not None:
+        if mem.limit:  # 0 is unset, as on v1
             out.append(("memory.max", "max" if mem.limit < 0 else mem.limit, f"{where}.limit"))
-        if mem.reservation is not None:
+        if mem.reservation:
             out.append(("memory.low", "max" if mem.reservation < 0 else mem.reservation, f"{where}.reservation"))
-        if mem.swap is not None:
+        if mem.swap:
             out.append(("memory.swap.max", _swap_v2(mem.swap, mem.limit), f"{where}.swap"))
-        if mem.swappiness is not None:
+        if mem.swappiness is not None and mem.swappiness != -1:
             raise SandboxError(f"{where}.swappiness: cgroup v2 has no swappiness (as under runc, set it "
                                "only on v1 hosts)")
         if mem.disable_oom_killer:
@@ -323,7 +324,7 @@ def v2_files(r, exists) -> list[tuple[str, object, str]]:
         where = "linux.resources.cpu"
         if cpu.shares:  # runc's map of 2..262144 onto 1..10000
             out.append(("cpu.weight", 1 + (min(max(cpu.shares, 2), 262144) - 2) * 9999 // 262142, f"{where}.shares"))
-        if cpu.quota is not None or cpu.period is not None:
+        if cpu.quota or cpu.period:
             quota = "max" if cpu.quota is None or cpu.quota <= 0 else cpu.quota
             out.append(("cpu.max", f"{quota} {cpu.period or 100000}", f"{where}.quota"))
         if cpu.realtime_runtime or cpu.realtime_period:
@@ -331,7 +332,7 @@ def v2_files(r, exists) -> list[tuple[str, object, str]]:
         for name, value in (("cpus", cpu.cpus), ("mems", cpu.mems)):
             if value:
                 out.append((f"cpuset.{name}", value, f"{where}.{name}"))
-    if r.pids is not None:
+    if r.pids is not None and r.pids.limit:
         out.append(("pids.max", r.pids.limit if r.pids.limit > 0 else "max", "linux.resources.pids.limit"))
     io = r.block_io
     if io is not None:
@@ -365,10 +366,8 @@ def v2_files(r, exists) -> list[tuple[str, object, str]]:
 
 def _swap_v2(swap: int, limit: int | None) -> int | str:
     """The spec's swap is memory+swap (v1's memsw); v2's memory.swap.max is the swap alone."""
-    if swap < 0 or (swap == 0 and limit is not None and limit < 0):
+    if swap < 0:
         return "max"
-    if swap == 0:
-        return 0
     if limit is None or limit <= 0:
         raise SandboxError("linux.resources.memory.swap: a swap limit needs a memory limit")
     if swap < limit:

@@ -29,7 +29,7 @@ from gofer import process
 from gofer import syscalls as sc
 from gofer.seccomp import compile_filter
 from mounts.errors import SandboxError
-from mounts.spec import Process, Seccomp
+from mounts.spec import Personality, Process, Seccomp
 
 # mnt last: joining it moves our root and cwd into the container, after which the host's
 # /proc/<pid>/ns files are out of reach (all fds are opened first anyway).
@@ -39,7 +39,7 @@ NAMESPACES = (("ipc", sc.CLONE_NEWIPC), ("uts", sc.CLONE_NEWUTS), ("net", sc.CLO
 
 def spawn(init: int, proc: Process, console: socket.socket | None = None, preserve_fds: int = 0,
           detach: bool = False, seccomp: Seccomp | None = None, cgroups: list[str] = (),
-          start_time: int | None = None) -> int:
+          start_time: int | None = None, personality: Personality | None = None) -> int:
     """Start ``proc`` in the namespaces of ``init``; returns its pid (as the host sees it)
     once it has exec'd. Raises a one-line SandboxError if it could not."""
     fds = []
@@ -71,7 +71,7 @@ def spawn(init: int, proc: Process, console: socket.socket | None = None, preser
     child = os.fork()
     if child == 0:
         os.close(r)
-        _child(fds, proc, console, preserve_fds, w, seccomp, cgroups)  # never returns
+        _child(fds, proc, console, preserve_fds, w, seccomp, cgroups, personality)  # never returns
     os.close(w)
     for fd, _, _ in fds:
         os.close(fd)
@@ -111,10 +111,11 @@ def _start_time(pdir: int) -> int | None:
 
 
 def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Seccomp | None,
-           cgroups: list[str]) -> None:
+           cgroups: list[str], personality: Personality | None) -> None:
     code = 1
     try:
         prctl.set_dumpable(False)  # as the gofer: see gofer/main.py (CVE-2019-5736)
+        process.check_labels(proc)
         sc.cloexec_from(3 + preserve_fds)  # before setns: the fallback lists /proc/self/fd
         for d in cgroups:  # the container's cgroups, limits and device rules, before anything else
             with open(os.path.join(d, "cgroup.procs"), "w") as f:
@@ -131,6 +132,7 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
         if console is not None:
             process.open_console(console, proc)
         process.set_rlimits(proc)
+        process.set_scheduling(proc, personality)
         process.become(proc, filt)
         process.exec_process(proc, pdeathsig=False, seccomp=filt)
     except BaseException as e:

@@ -133,6 +133,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     spec = start.spec
     if spec.process is None:  # the supervisor refuses such a bundle; never mount for nothing
         raise GoferError("config.json: no process to run")
+    process.check_labels(spec.process, spec.linux.mount_label)
     hooks = spec.hooks.ours() if spec.hooks is not None else None
     if hooks is not None and (hooks.create_container or hooks.start_container):
         import subprocess  # noqa: F401 - imported from the host's tree, before any namespace is joined
@@ -209,6 +210,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         process.open_console(console, proc)
     with spans.span("user"):
         process.set_rlimits(proc)
+        process.set_scheduling(proc, spec.linux.personality)
         process.become(proc, filt)
     spans.add("exec", time.monotonic_ns())
     if start.detached:

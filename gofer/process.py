@@ -18,7 +18,17 @@ import prctl
 
 from gofer import syscalls as sc
 from mounts.errors import ExecError, ProcessError
-from mounts.spec import CAP_NUMBERS, RLIM_MAX, Capabilities, Process
+from mounts.spec import (
+    CAP_NUMBERS,
+    IOPRIO_CLASSES,
+    PERSONALITY_DOMAINS,
+    RLIM_MAX,
+    SCHED_FLAGS,
+    SCHED_POLICIES,
+    Capabilities,
+    Personality,
+    Process,
+)
 
 NO_CAPABILITIES = Capabilities()
 DEFAULT_UMASK = 0o022  # runc's, whatever the caller's was
@@ -59,6 +69,64 @@ def set_rlimits(proc: Process) -> None:
         except (ValueError, OSError) as e:
             raise ProcessError(f"process.rlimits: {rl.type} soft {rl.soft} hard {rl.hard}: "
                                f"{getattr(e, 'strerror', None) or e}") from None
+
+
+def _apparmor() -> bool:
+    try:
+        with open("/sys/module/apparmor/parameters/enabled") as f:
+            return f.read().startswith("Y")
+    except OSError:
+        return False
+
+
+def check_labels(proc: Process, mount_label: str | None = None) -> None:
+    """The security labels the spec asks for must exist in this kernel: a profile that
+    silently does not apply is a container less confined than its author was told (runc
+    refuses an SELinux label without SELinux too). Checked before anything is built."""
+    if proc.apparmor_profile and not _apparmor():
+        raise ProcessError(f"process.apparmorProfile {proc.apparmor_profile!r}: AppArmor is not enabled in "
+                           "this kernel", code=2)
+    selinux = os.path.exists("/sys/fs/selinux/enforce")
+    if proc.selinux_label and not selinux:
+        raise ProcessError(f"process.selinuxLabel {proc.selinux_label!r}: SELinux is not enabled in this "
+                           "kernel", code=2)
+    if mount_label:
+        raise ProcessError(f"linux.mountLabel {mount_label!r}: " + (
+            "SELinux mount labels are not supported" if selinux else "SELinux is not enabled in this kernel"), code=2)
+
+
+def apply_labels(proc: Process) -> None:
+    """The AppArmor profile or SELinux label the next execve takes on (what runc writes),
+    through the container's /proc, as the last step before exec."""
+    for label, paths in ((proc.apparmor_profile and f"exec {proc.apparmor_profile}",
+                          ("/proc/thread-self/attr/apparmor/exec", "/proc/thread-self/attr/exec")),
+                         (proc.selinux_label, ("/proc/thread-self/attr/exec",))):
+        if not label:
+            continue
+        path = next((p for p in paths if os.path.exists(p)), paths[-1])
+        try:
+            with open(path, "w") as f:
+                f.write(label)
+        except OSError as e:
+            raise ProcessError(f"cannot apply {label!r} through {path}: {e.strerror}", path=path) from None
+
+
+def set_scheduling(proc: Process, personality: Personality | None) -> None:
+    """process.scheduler, process.ioPriority and linux.personality, as runc applies them:
+    while we still hold CAP_SYS_NICE (a real-time policy needs it), before the user changes."""
+    try:
+        if proc.scheduler is not None:
+            s = proc.scheduler
+            sc.sched_setattr(SCHED_POLICIES[s.policy], sum(SCHED_FLAGS[f] for f in s.flags), s.nice, s.priority,
+                             s.runtime, s.deadline, s.period)
+        if proc.io_priority is not None:
+            sc.ioprio_set(IOPRIO_CLASSES[proc.io_priority.class_], proc.io_priority.priority)
+        if personality is not None:
+            sc.personality(PERSONALITY_DOMAINS[personality.domain])
+    except OSError as e:
+        field = ("process.scheduler" if "sched" in str(e) else "process.ioPriority" if "ioprio" in str(e)
+                 else "linux.personality")
+        raise ProcessError(f"{field}: {e}") from None
 
 
 def become(proc: Process, seccomp=None) -> None:
@@ -190,6 +258,7 @@ def exec_process(proc: Process, pdeathsig: bool = True, seccomp=None) -> None:
             except (OSError, ValueError):
                 pass  # signals the C library reserves (32, 33)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    apply_labels(proc)
     if seccomp is not None and proc.no_new_privileges:
         seccomp.load()  # last, so it filters the container and none of our own setup
     try:

@@ -285,6 +285,37 @@ def cloexec_from(first: int) -> None:
                 pass  # the fd listdir itself used, closed by now
 
 
+_personality = _libc.personality
+_personality.argtypes = [ctypes.c_ulong]
+_personality.restype = ctypes.c_int
+IOPRIO_WHO_PROCESS = 1
+
+
+def personality(persona: int) -> None:
+    _check(_personality(persona), "personality", hex(persona))
+
+
+def ioprio_set(ioclass: int, priority: int) -> None:
+    """This process's I/O scheduling class and priority (ioprio_set(2))."""
+    res = _syscall(ctypes.c_long(_NR["ioprio_set"]), ctypes.c_int(IOPRIO_WHO_PROCESS), ctypes.c_int(0),
+                   ctypes.c_int(ioclass << 13 | priority))
+    _check(res, "ioprio_set", f"class {ioclass} priority {priority}")
+
+
+class _SchedAttr(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_uint32), ("policy", ctypes.c_uint32), ("flags", ctypes.c_uint64),
+                ("nice", ctypes.c_int32), ("priority", ctypes.c_uint32), ("runtime", ctypes.c_uint64),
+                ("deadline", ctypes.c_uint64), ("period", ctypes.c_uint64)]
+
+
+def sched_setattr(policy: int, flags: int, nice: int, priority: int, runtime: int, deadline: int,
+                  period: int) -> None:
+    """This process's scheduling policy and its attributes (sched_setattr(2))."""
+    attr = _SchedAttr(ctypes.sizeof(_SchedAttr), policy, flags, nice, priority, runtime, deadline, period)
+    res = _syscall(ctypes.c_long(_NR["sched_setattr"]), ctypes.c_int(0), ctypes.byref(attr), ctypes.c_uint(0))
+    _check(res, "sched_setattr", f"policy {policy} nice {nice} priority {priority}")
+
+
 def loopback_up() -> None:
     """Bring ``lo`` up in our (new) network namespace, as runc does for a new one."""
     import fcntl

@@ -39,6 +39,30 @@ class Rlimit(_S):
     soft: int
 
 
+class IOPriority(_S):
+    class_: str = msgspec.field(name="class")
+    priority: int = 0
+
+
+class Scheduler(_S):
+    policy: str
+    nice: int = 0
+    priority: int = 0
+    flags: list[str] = []
+    runtime: int = 0
+    deadline: int = 0
+    period: int = 0
+
+
+IOPRIO_CLASSES = {"IOPRIO_CLASS_RT": 1, "IOPRIO_CLASS_BE": 2, "IOPRIO_CLASS_IDLE": 3}
+SCHED_POLICIES = {"SCHED_OTHER": 0, "SCHED_FIFO": 1, "SCHED_RR": 2, "SCHED_BATCH": 3, "SCHED_ISO": 4,
+                  "SCHED_IDLE": 5, "SCHED_DEADLINE": 6}
+SCHED_FLAGS = {"SCHED_FLAG_RESET_ON_FORK": 0x01, "SCHED_FLAG_RECLAIM": 0x02, "SCHED_FLAG_DL_OVERRUN": 0x04,
+               "SCHED_FLAG_KEEP_POLICY": 0x08, "SCHED_FLAG_KEEP_PARAMS": 0x10, "SCHED_FLAG_UTIL_CLAMP_MIN": 0x20,
+               "SCHED_FLAG_UTIL_CLAMP_MAX": 0x40}
+PERSONALITY_DOMAINS = {"LINUX": 0x0000, "LINUX32": 0x0008}
+
+
 class Process(_S):
     args: Annotated[list[str], msgspec.Meta(min_length=1)]
     cwd: str = "/"
@@ -52,6 +76,8 @@ class Process(_S):
     apparmor_profile: str | None = None
     selinux_label: str | None = None
     oom_score_adj: int | None = None
+    io_priority: IOPriority | None = None
+    scheduler: Scheduler | None = None
 
     def without_capability(self, name: str) -> Process:
         """This process with ``name`` taken out of every capability set."""
@@ -249,6 +275,11 @@ class Resources(_S):
     unified: dict[str, str] | None = None
 
 
+class Personality(_S):
+    domain: str
+    flags: list[str] = []
+
+
 class Linux(_S):
     namespaces: list[Namespace] = []
     devices: list[Device] = []
@@ -264,7 +295,7 @@ class Linux(_S):
     gid_mappings: Any = None
     mount_label: str | None = None
     intel_rdt: Any = None
-    personality: Any = None
+    personality: Personality | None = None
 
 
 class Spec(_S):
@@ -286,8 +317,8 @@ class Spec(_S):
 
 _UNENFORCED_LINUX = (
                      ("uid_mappings", "uidMappings"), ("gid_mappings", "gidMappings"),
-                     ("intel_rdt", "intelRdt"), ("personality", "personality"))
-_UNENFORCED_PROCESS = (("apparmor_profile", "apparmorProfile"), ("selinux_label", "selinuxLabel"))
+                     ("intel_rdt", "intelRdt"))
+_UNENFORCED_PROCESS = ()
 
 # sysctls that belong to a namespace, by the namespace that must be the container's own
 # (runc's rule): anything else would change the host.
@@ -361,6 +392,29 @@ def validate(spec: Spec, path: str) -> None:
         _validate_seccomp(spec.linux.seccomp, path, check)
     if proc is not None and proc.oom_score_adj is not None:
         check(proc.oom_score_adj, -1000, 1000, "process.oomScoreAdj")
+    if proc is not None and proc.io_priority is not None:
+        if proc.io_priority.class_ not in IOPRIO_CLASSES:
+            raise BundleError(f"{path}: process.ioPriority.class: {proc.io_priority.class_!r} is not one of "
+                              f"{', '.join(IOPRIO_CLASSES)}")
+        check(proc.io_priority.priority, 0, 7, "process.ioPriority.priority")
+    if proc is not None and proc.scheduler is not None:
+        sched = proc.scheduler
+        if sched.policy not in SCHED_POLICIES:
+            raise BundleError(f"{path}: process.scheduler.policy: {sched.policy!r} is not one of "
+                              f"{', '.join(SCHED_POLICIES)}")
+        for flag in sched.flags:
+            if flag not in SCHED_FLAGS:
+                raise BundleError(f"{path}: process.scheduler.flags: unknown flag {flag!r}")
+        check(sched.nice, -20, 19, "process.scheduler.nice")
+        check(sched.priority, 0, 99, "process.scheduler.priority")
+        for name in ("runtime", "deadline", "period"):
+            check(getattr(sched, name), 0, (1 << 64) - 1, f"process.scheduler.{name}")
+    pers = spec.linux.personality
+    if pers is not None:
+        if pers.domain not in PERSONALITY_DOMAINS:
+            raise BundleError(f"{path}: linux.personality.domain: {pers.domain!r} is not LINUX or LINUX32")
+        if pers.flags:  # the spec defines none yet (runc takes none)
+            raise BundleError(f"{path}: linux.personality.flags: {pers.flags[0]!r} is not supported")
     new_ns = {ns.type for ns in spec.linux.namespaces if not ns.path}
     for key, value in spec.linux.sysctl.items():
         ns = next((n for prefix, n in SYSCTL_NAMESPACES if key == prefix or (prefix.endswith(".") and

@@ -37,7 +37,7 @@ def main(args) -> int:
     from gofer.enter import spawn
 
     pid = spawn(state.pid, proc, console, args.preserve_fds, args.detach, spec.linux.seccomp, state.cgroup,
-                state.start_time)
+                state.start_time, spec.linux.personality)
     if args.pid_file:
         from sandbox.launch import write_pid_file
 

@@ -60,10 +60,17 @@ def test_v2_refuses_in_one_line(r, message):
         v2(**r)
 
 
+def test_zero_is_unset():
+    """Engines send zeros for what nobody asked (Docker's blockIO weight 0): runc's rule."""
+    zeros = {"memory": {"limit": 0, "reservation": 0, "swap": 0, "swappiness": -1}, "pids": {"limit": 0},
+             "cpu": {"shares": 0, "quota": 0, "period": 0}, "blockIO": {"weight": 0, "leafWeight": 0}}
+    assert v1_files(resources(**zeros)) == [] and v2(**zeros) == {}
+
+
 def test_v1_files():
     files = [(c, f, v) for c, f, v, _ in v1_files(resources(
         memory={"limit": 100, "swap": 200, "disableOOMKiller": True}, cpu={"shares": 512, "cpus": "0"},
-        pids={"limit": 0}, blockIO={"weight": 100, "throttleWriteIOPSDevice": [{"major": 8, "minor": 0, "rate": 9}]},
+        pids={"limit": -1}, blockIO={"weight": 100, "throttleWriteIOPSDevice": [{"major": 8, "minor": 0, "rate": 9}]},
         hugepageLimits=[{"pageSize": "1GB", "limit": 0}]))]
     assert files == [("memory", "memory.limit_in_bytes", 100), ("memory", "memory.memsw.limit_in_bytes", 200),
                      ("memory", "memory.oom_control", 1), ("cpu", "cpu.shares", 512), ("cpuset", "cpuset.cpus", "0"),

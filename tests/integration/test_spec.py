@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import fixtures
 import pytest
@@ -92,12 +94,12 @@ def test_bind_mounts_and_join_a_namespace_by_path(make_bundle, tmp_path):
 def test_unenforced_fields_are_named_once(make_bundle, tmp_path):
     spec = fixtures.default_spec(["true"])
     bundle = make_bundle(linux={**spec["linux"], "sysctl": {"net.ipv4.ip_forward": "1"},
-                                "resources": {"blockIO": {"weight": 10}},
+                                "intelRdt": {"closID": "x"},
                                 "seccomp": {"defaultAction": "SCMP_ACT_ALLOW"}})
     r = run(bundle, tmp_path)
     assert r.returncode == 0
     warnings = [line for line in r.stderr.splitlines() if "warning" in line]
-    assert warnings == ["sandbox: warning: linux.resources.blockIO is set in config.json but not enforced"]
+    assert warnings == ["sandbox: warning: linux.intelRdt is set in config.json but not enforced"]
 
 
 @pytest.mark.parametrize("tool", ["runc", "crun"])
@@ -176,3 +178,39 @@ def test_sysctl_and_oom_score_adj_as_under_runc(make_bundle, tmp_path):
     (bundle / "config.json").write_text(json.dumps(spec))
     r = run(bundle, tmp_path)
     assert r.returncode == 2 and "kernel.panic" in r.stderr and "host" in r.stderr
+
+
+def test_scheduler_io_priority_and_personality(make_bundle, tmp_path):
+    """process.scheduler, process.ioPriority and linux.personality (runc 1.1 here ignores
+    all three): the policy and nice value in /proc/self/stat, the I/O class read from the
+    host with ioprio_get(2), the personality in uname -m; exec'd processes get the spec's
+    scheduling too. A policy the cgroup forbids (real-time with no rt_runtime) is one line."""
+    import ctypes
+
+    bundle = make_bundle(["sh", "-c", "cut -d' ' -f19,41 /proc/self/stat; uname -m; sleep 30"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["scheduler"] = {"policy": "SCHED_BATCH", "nice": 5}
+    spec["process"]["ioPriority"] = {"class": "IOPRIO_CLASS_IDLE", "priority": 0}
+    spec["linux"]["personality"] = {"domain": "LINUX32"}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    root = tmp_path / "state"
+    with open(tmp_path / "out", "w") as out:  # the created init holds its stdio: no pipes
+        assert subprocess.run([sys.executable, "-m", "sandbox.cli", "--root", str(root), "create", "-b", str(bundle),
+                               "sched1"], stdin=subprocess.DEVNULL, stdout=out, stderr=out).returncode == 0
+    try:
+        pid = json.loads(sandbox("--root", root, "state", "sched1").stdout)["pid"]
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(252, 1, pid) == 3 << 13  # ioprio_get(IOPRIO_WHO_PROCESS, pid): IDLE, 0
+        out = sandbox("--root", root, "exec", "sched1", "sh", "-c", "cut -d' ' -f19,41 /proc/self/stat; uname -m")
+        assert out.stdout.split() == ["5", "3", "i686"], (out.stdout, out.stderr)
+    finally:
+        sandbox("--root", root, "delete", "--force", "sched1")
+    spec["process"]["scheduler"] = {"policy": "SCHED_FIFO", "priority": 10}
+    spec["process"]["args"] = ["true"]
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = run(bundle, tmp_path)
+    assert r.returncode == 1 and r.stderr.strip().startswith("sandbox run: process.scheduler: sched_setattr"), r.stderr
+    spec["process"]["scheduler"] = {"policy": "SCHED_FIFO", "flags": ["SCHED_FLAG_NOPE"]}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = run(bundle, tmp_path)
+    assert r.returncode == 2 and "process.scheduler.flags: unknown flag 'SCHED_FLAG_NOPE'" in r.stderr, r.stderr
