@@ -68,13 +68,17 @@ def write_ldcache(root: Root, action: A.LdCache) -> None:
     the image runs, ldconfig least of all (CVE-2024-0136, CVE-2025-23267)."""
     data = None
     try:
-        # O_NONBLOCK: a FIFO planted as /etc/ld.so.cache must not hang us at open
-        fd = root.open(action.target, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
+        # a FIFO or device planted as /etc/ld.so.cache is never opened for reading
+        path = root.open(action.target)
+        try:
+            fd = sc.open_regular(path)
+        finally:
+            os.close(path)
+        if fd is not None:
+            with os.fdopen(fd, "rb") as f:
                 image = f.read(MAX_IMAGE_CACHE + 1)
-                if len(image) <= MAX_IMAGE_CACHE:
-                    data = ldcache.extend(image, list(action.entries), action.target)
+            if len(image) <= MAX_IMAGE_CACHE:
+                data = ldcache.extend(image, list(action.entries), action.target)
     except (OSError, LdCacheError):
         pass
     if data is None:

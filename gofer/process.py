@@ -10,7 +10,6 @@ import os
 import resource
 import signal
 import socket
-import stat
 import struct
 import termios
 
@@ -202,21 +201,32 @@ def open_console(console: socket.socket, proc: Process) -> None:
     os.close(slave)
 
 
+def _in_root(unsafe_path: str, flags: int) -> int:
+    """Open a path of the image's inside our root (the container's, past pivot_root or
+    setns): no symlink or ``..`` leaves it, no magic link (/proc/self/fd/N: a caller's fd,
+    the CVE-2024-21626 way out) is followed."""
+    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return sc.openat2(root, unsafe_path.lstrip("/") or ".", flags, sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_MAGICLINKS)
+    finally:
+        os.close(root)
+
+
 def home_of(uid: int) -> str:
     """The home directory of ``uid`` in the container's /etc/passwd, else "/" (runc's rule).
     Read after pivot_root, resolved inside the root without magic links, non-blocking,
     regular files only, size capped: the image's passwd is untrusted input."""
-    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = sc.openat2(root, "etc/passwd", os.O_RDONLY | os.O_NONBLOCK,
-                        sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_MAGICLINKS)
+        path = _in_root("/etc/passwd", os.O_PATH)
+        try:
+            fd = sc.open_regular(path)
+        finally:
+            os.close(path)
     except OSError:
         return "/"
-    finally:
-        os.close(root)
+    if fd is None:
+        return "/"
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return "/"
         data = f.read(MAX_PASSWD)
     for line in data.split(b"\n"):
         fields = line.split(b":")
@@ -239,7 +249,11 @@ def exec_process(proc: Process, pdeathsig: bool = True, seccomp=None) -> None:
         pass  # already the leader of the session our console made
     os.umask(proc.user.umask if proc.user.umask is not None else DEFAULT_UMASK)
     try:
-        os.chdir(proc.cwd)
+        cwd = _in_root(proc.cwd, os.O_PATH | os.O_DIRECTORY)
+        try:
+            os.fchdir(cwd)
+        finally:
+            os.close(cwd)
     except OSError as e:
         raise ProcessError(f"process.cwd {proc.cwd}: {e.strerror}") from None
     env = dict(item.partition("=")[::2] for item in proc.env)

@@ -193,6 +193,17 @@ def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0, what
     return _check(res, "openat2", what or path)
 
 
+def open_regular(path_fd: int) -> int | None:
+    """A readable fd of what the O_PATH fd ``path_fd`` refers to, if it is a regular file;
+    None for anything else. The check comes before any real open: opening an image's FIFO
+    or device node (a watchdog, a tape) as the host's root can hang or have effects."""
+    import stat
+
+    if not stat.S_ISREG(os.fstat(path_fd).st_mode):
+        return None
+    return os.open(fdpath(path_fd), os.O_RDONLY | os.O_CLOEXEC)  # the same file, not a path
+
+
 def open_tree(dirfd: int, path: str, flags: int, what: str = "") -> int:
     res = _retry(_syscall, ctypes.c_long(_NR["open_tree"]), ctypes.c_int(dirfd), _b(path), ctypes.c_uint(flags))
     return _check(res, "open_tree", what or path)

@@ -50,6 +50,25 @@ def test_callers_fds_do_not_reach_the_container(gpu, make_bundle, tmp_path, driv
     assert (mount_table(), tree(rootfs_debian)) == before
 
 
+@pytest.mark.parametrize("gpu", [False, True])
+def test_cwd_through_a_callers_fd_is_refused(gpu, make_bundle, tmp_path, driver_root):
+    """process.cwd /proc/self/fd/57 (the image's WORKDIR) with the caller's fd 57 on a host
+    directory: the CVE-2024-21626 way to the host's tree. Refused in one line; runc refuses
+    it too. The same for `exec --cwd`."""
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "secret").write_text("host data\n")
+    bundle = make_bundle(["sh", "-c", "cat secret; ls ../../../..; echo pwned > planted"],
+                         ["NVIDIA_VISIBLE_DEVICES=all"] if gpu else [])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["cwd"] = f"/proc/self/fd/{FD}"
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = _run_with_fd(bundle, tmp_path, host, "--driver-root", driver_root)
+    assert r.returncode == 1 and "host data" not in r.stdout, (r.stdout, r.stderr)
+    assert r.stderr.startswith(f"sandbox run: process.cwd /proc/self/fd/{FD}: "), r.stderr
+    assert sorted(os.listdir(host)) == ["secret"]
+
+
 def test_no_capabilities_field_means_no_capabilities(make_bundle, tmp_path, rootfs_debian):
     """A spec without process.capabilities (optional in the OCI spec): runc grants none. With
     all of them the container could mknod a disk, remount the read-only root writable and
