@@ -33,14 +33,18 @@ def unified(root: str = ROOT) -> bool:
 
 
 def own_cgroups(pid: int | str = "self") -> dict[str, str]:
-    """{controller: path} of ``pid``'s v1 cgroups (named hierarchies and v2 left out)."""
+    """{hierarchy: path} of ``pid``'s v1 cgroups, by the directory each hierarchy is mounted
+    at under ROOT: its controller, or its name (name=systemd at systemd). The container gets
+    a cgroup of its own in every one, named ones included, as under runc: the container is
+    shown only its own (gofer/rootfs.py), never the caller's or a hierarchy's root."""
     out = {}
     with open(f"/proc/{pid}/cgroup") as f:
         for line in f:
             _, controllers, path = line.rstrip("\n").split(":", 2)
             for c in controllers.split(","):
-                if c and not c.startswith("name=") and os.path.isdir(os.path.join(ROOT, c)):
-                    out[c] = path
+                name = c.removeprefix("name=")
+                if name and os.path.isdir(os.path.join(ROOT, name)):
+                    out[name] = path
     return out
 
 

@@ -134,8 +134,9 @@ def _cgroup(root: Root, m: Mount, flags: int) -> None:
     with open("/proc/self/cgroup") as f:
         for line in f:
             _, controllers, path = line.rstrip("\n").split(":", 2)
-            for c in controllers.split(",") if controllers else ["unified"]:
-                mine[c.removeprefix("name=")] = path
+            for c in controllers.split(","):  # the hybrid host's unified one ("0::") is left out
+                if c:
+                    mine[c.removeprefix("name=")] = path
     tmp = root.mount_fs("tmpfs", "tmpfs", m.destination, sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC, "mode=755")
     root.mark_writable(tmp)
     for name in sorted(os.listdir("/sys/fs/cgroup")):

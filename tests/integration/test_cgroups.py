@@ -137,3 +137,23 @@ def test_a_controller_that_is_not_mounted_is_one_line(make_bundle, tmp_path):
     assert r.stderr.strip() == ("sandbox run: linux.resources.hugepageLimits: the hugetlb cgroup controller is "
                                 "not mounted under /sys/fs/cgroup"), r.stderr
     assert not any(os.path.exists(d) for d in _cgroup_dirs(bundle))
+
+
+def test_the_container_sees_only_its_own_cgroups_as_under_runc(make_bundle, tmp_path):
+    """Every v1 hierarchy, the named systemd one included, holds a cgroup of the container's
+    own, and only those are mounted in it: no hierarchy root, none of the caller's cgroups,
+    not the hybrid host's unified hierarchy (where a writable mount let a container kill
+    host cgroups through cgroup.kill)."""
+    bundle = make_bundle(["sh", "-c", "grep -v '^0::' /proc/self/cgroup; ls /sys/fs/cgroup; "
+                                      "ls /sys/fs/cgroup/systemd | grep -c cgroup.procs"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"]["cgroupsPath"] = f"/sandbox-test-{os.getpid()}/{bundle.name}"
+    (bundle / "config.json").write_text(json.dumps(spec))
+    ours = sandbox("run", bundle, "--root", tmp_path / "ours")
+    theirs = subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "-b", str(bundle), f"own{os.getpid()}"],
+                            capture_output=True, text=True, timeout=60)
+    assert ours.returncode == 0 and theirs.returncode == 0, (ours.stderr, theirs.stderr)
+    assert f"name=systemd:/sandbox-test-{os.getpid()}/{bundle.name}" in ours.stdout
+    assert "unified" not in ours.stdout.split()
+    assert ours.stdout == theirs.stdout
+    assert not os.path.exists(f"/sys/fs/cgroup/systemd/sandbox-test-{os.getpid()}/{bundle.name}")
