@@ -303,6 +303,7 @@ class Root:
         created is removed again."""
         parent, target, name, created = self.ensure_node(unsafe_path, is_dir)
         try:
+            self.not_the_root(target, unsafe_path)
             if USE_MOUNT_API:
                 tree = sc.open_tree(source_fd, "", sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_EMPTY_PATH
                                     | (sc.AT_RECURSIVE if recursive else 0), what=unsafe_path)
@@ -348,6 +349,8 @@ class Root:
     def mount_fs(self, fstype: str, source: str, unsafe_path: str, flags: int, data: str | None) -> int:
         """Mount a new ``fstype`` on the directory ``unsafe_path``; returns an fd of its root."""
         fd = self.ensure_dir(unsafe_path)
+        self.not_the_root(fd, unsafe_path)
+        under = os.fstat(fd).st_dev
         try:
             sc.mount(source, sc.fdpath(fd), fstype, flags, data)
         except OSError as e:
@@ -359,8 +362,18 @@ class Root:
             if stale not in self.overlays.values() and stale != self.fd:
                 os.close(stale)
         top = self.open(unsafe_path, O_PATH_DIR)
+        if os.fstat(top).st_dev == under:  # what the path reaches now must be the new mount
+            os.close(top)
+            raise MountError(unsafe_path, f"the new {fstype} mount is not what the path reaches")
         self._dirs[key] = top
         return top
+
+    def not_the_root(self, fd: int, unsafe_path: str) -> None:
+        """A mount destination that resolves to the root itself (an image's /dev -> /) would
+        cover the whole root, and what is created "in" it would land in the image."""
+        st, root = os.fstat(fd), os.fstat(self.fd)
+        if (st.st_dev, st.st_ino) == (root.st_dev, root.st_ino) and unsafe_path.strip("/"):
+            raise MountError(unsafe_path, "resolves to the container's root (a symlink to / in the image?)")
 
     def undo(self) -> None:
         """Detach every overlay we made (and with it everything mounted inside), newest

@@ -161,6 +161,20 @@ def bind_flags(flags: int) -> tuple[str, ...]:
     return tuple(name for name, bit in MS.items() if flags & bit)
 
 
+def _ordinary_dir(root: Root, unsafe_path: str) -> None:
+    """proc and sysfs go on a directory reached without symlinks (runc's rule): an image's
+    /proc -> / would put them anywhere, and the masks meant for /proc would miss them."""
+    try:
+        os.close(sc.openat2(root.fd, unsafe_path.lstrip("/") or ".", os.O_PATH,
+                            sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_SYMLINKS, what=unsafe_path))
+    except FileNotFoundError:
+        pass  # made as a directory by the mount
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise MountError(unsafe_path, "must be mounted on an ordinary directory, not through a symlink") from None
+        raise
+
+
 def spec_mounts(root: Root, spec: Spec, bundle: str) -> None:
     """The spec's mounts in order."""
     for m in spec.mounts:
@@ -169,6 +183,8 @@ def spec_mounts(root: Root, spec: Spec, bundle: str) -> None:
         if fstype == "cgroup":
             _cgroup(root, m, flags)
             continue
+        if fstype in ("proc", "sysfs"):
+            _ordinary_dir(root, m.destination)
         if fstype == "bind" or flags & sc.MS_BIND:
             source = m.source or ""
             if not os.path.isabs(source):
@@ -197,7 +213,9 @@ def spec_mounts(root: Root, spec: Spec, bundle: str) -> None:
 def make_devices(root: Root, devices: list[Device]) -> None:
     """runc's default nodes and links in /dev, then linux.devices, made with mknod in the
     container's /dev (a tmpfs from the spec, or an overlay of the image's /dev)."""
-    dev = root.writable(root.ensure_dir("/dev"), "/dev")
+    dev = root.ensure_dir("/dev")
+    root.not_the_root(dev, "/dev")
+    dev = root.writable(dev, "/dev")
     wanted = [("/dev/" + n, "c", ma, mi, 0o666, 0, 0) for n, ma, mi in DEFAULT_DEVICES]
     wanted += [(d.path, d.type, d.major or 0, d.minor or 0, d.file_mode if d.file_mode is not None else 0o666,
                 d.uid or 0, d.gid or 0) for d in devices]

@@ -5,6 +5,7 @@ shows inside, and the image is unchanged."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -52,6 +53,11 @@ CASES = {
                                (f"{LIB}/libnvidia-ml.so.1", "/etc/passwd"),
                                ("etc/ld.so.cache", "{host}/host-secret")],
     "firmware-parent-to-host": [("lib/firmware", "{host}")],
+    # a spec mount whose destination is the root itself: /dev's tmpfs and nodes landed in the image
+    "dev-to-root": [("dev", "/")],
+    "dev-climbs-to-root": [("dev", "../../..")],
+    "proc-to-root": [("proc", "/")],
+    "sys-to-root": [("sys", ".")],
 }
 
 
@@ -96,3 +102,24 @@ def test_fifo_as_ld_so_cache_does_not_hang(tmp_path, rootfs_debian, driver_root,
     r = sandbox("run", bundle, "--driver-root", driver_root, "--root", tmp_path / "state", timeout=30)
     assert r.returncode == 0 and "cuInit found" in r.stdout, r.stderr
     assert tree(root) == before
+
+
+@pytest.mark.parametrize("link", ["dev", "tmp"])
+def test_spec_mount_onto_a_link_to_the_root_leaves_the_image_alone(link, tmp_path, rootfs_debian, make_bundle):
+    """No GPU (no overlay root): an image whose /dev or /tmp is a link to "/", under the
+    spec's tmpfs on it, linux.devices and a bind needing a new mount point. The tmpfs used to
+    cover the root and the nodes (a disk among them) were made in the image itself."""
+    root = tmp_path / "rootfs"
+    shutil.copytree(rootfs_debian, root, symlinks=True)
+    _break(root, link, "/")
+    bundle = make_bundle(["true"], rootfs=root)
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"]["devices"] = [{"path": "/dev/vdb", "type": "b", "major": 254, "minor": 0, "fileMode": 438}]
+    spec["mounts"] += [{"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid"]},
+                       {"destination": "/data", "type": "bind", "source": str(tmp_path), "options": ["rbind"]}]
+    (bundle / "config.json").write_text(json.dumps(spec))
+    before = (mount_table(), tree(root))
+    r = sandbox("run", bundle, "--root", tmp_path / "state")
+    assert (mount_table(), tree(root)) == before, "the image changed"
+    assert r.returncode == 1 and r.stderr.strip() == (
+        f"sandbox run: /{link}: resolves to the container's root (a symlink to / in the image?)"), r.stderr
