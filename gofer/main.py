@@ -226,9 +226,11 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         # start` writes its byte (no writer-less EOF can end it early).
         os.read(fifo, 1)
         os.close(fifo)
+    start_hooks = None
     if hooks is not None and hooks.start_container:
-        run_hooks(hooks.start_container, "startContainer", state)
-    process.exec_process(proc, pdeathsig=not start.detached, seccomp=filt)
+        def start_hooks() -> None:
+            run_hooks(hooks.start_container, "startContainer", state)
+    process.exec_process(proc, pdeathsig=not start.detached, seccomp=filt, before_exec=start_hooks)
 
 
 def _hook_state(start: protocol.Start, pid: int) -> bytes:

@@ -238,7 +238,7 @@ def home_of(uid: int) -> str:
     return "/"
 
 
-def exec_process(proc: Process, pdeathsig: bool = True, seccomp=None) -> None:
+def exec_process(proc: Process, pdeathsig: bool = True, seccomp=None, before_exec=None) -> None:
     """A new session, umask, cwd, HOME, no_new_privs, PDEATHSIG (credential changes cleared
     it), every signal back to its default and none blocked, then execvpe with the spec's
     environment only: nothing of ours, nothing of the caller's. Every fd above 2 is already
@@ -275,6 +275,8 @@ def exec_process(proc: Process, pdeathsig: bool = True, seccomp=None) -> None:
     apply_labels(proc)
     if seccomp is not None and proc.no_new_privileges:
         seccomp.load()  # last, so it filters the container and none of our own setup
+    if before_exec is not None:
+        before_exec()  # the startContainer hooks: under the container's filter and no_new_privs, as under runc
     try:
         os.execvpe(proc.args[0], proc.args, env)
     except OSError as e:

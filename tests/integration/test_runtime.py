@@ -364,3 +364,26 @@ def test_delete_force_kills_exec_d_processes_without_a_pid_namespace(make_bundle
         prctl.set_child_subreaper(False)
     assert not alive(epid)
     assert not [d for d in os.listdir("/sys/fs/cgroup") if os.path.isdir(f"/sys/fs/cgroup/{d}/np1")]
+
+
+def test_start_container_hooks_run_under_the_containers_filter_as_under_runc(make_bundle, tmp_path):
+    """startContainer hooks run inside the container as its process will: no_new_privs set and
+    the seccomp filter loaded (they ran with neither)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    probe = "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; mkdir /root/x 2>/dev/null || echo mkdir-denied"
+    hooks = {"startContainer": [{"path": "/bin/sh", "args": ["sh", "-c", f"({probe}) > /root/hook.out"]}]}
+    bundle = make_bundle(["true"], hooks=hooks)
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["noNewPrivileges"] = True
+    spec["linux"]["seccomp"] = {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64"],
+                                "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO"}]}
+    spec["mounts"].append({"destination": "/root", "type": "bind", "source": str(out), "options": ["rbind"]})
+    (bundle / "config.json").write_text(json.dumps(spec))
+    seen = []
+    for cmd in ([sys.executable, "-m", "sandbox.cli", "--root", str(tmp_path / "s"), "run", "-b", str(bundle), "sc1"],
+                ["runc", "--root", str(tmp_path / "runc"), "run", "-b", str(bundle), f"sc{os.getpid()}"]):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        seen.append((out / "hook.out").read_text().split())
+    assert seen[0] == ["NoNewPrivs:", "1", "Seccomp:", "2", "mkdir-denied"] and seen[0] == seen[1], seen
