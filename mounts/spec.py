@@ -79,14 +79,6 @@ class Process(_S):
     io_priority: IOPriority | None = None
     scheduler: Scheduler | None = None
 
-    def without_capability(self, name: str) -> Process:
-        """This process with ``name`` taken out of every capability set."""
-        if self.capabilities is None:
-            return self
-        caps = Capabilities(*[[c for c in getattr(self.capabilities, f) if c.upper() != name]
-                              for f in Capabilities.__struct_fields__])
-        return msgspec.structs.replace(self, capabilities=caps)
-
     def getenv(self, name: str) -> str | None:
         """The last value of ``name`` in ``env`` (as execve's consumers see it), or None."""
         prefix = name + "="

@@ -26,7 +26,9 @@ def main(args) -> int:
     from gofer.cgroups import devices_enforced
 
     if not devices_enforced(state.cgroup):  # fail closed, as create does
-        proc = proc.without_capability("CAP_MKNOD")
+        from sandbox.launch import NO_DEVICE_RULES
+
+        raise SandboxError(NO_DEVICE_RULES)
     console = None
     if args.console_socket:
         if not proc.terminal:

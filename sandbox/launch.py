@@ -94,11 +94,14 @@ class Launched(NamedTuple):
     trace: str | None  # where to write the startup trace: --trace, else the bundle's annotation
 
 
+NO_DEVICE_RULES = ("no devices cgroup here (a v1 devices controller, or cgroup v2) to restrict the container's "
+                   "device access: refusing to run it")
+
+
 def launch(opts: Options, gofer: Gofer, spans) -> Launched:
     """Claim the id, stream the plan, run the runtime-namespace hooks when the gofer pauses,
     and return once the init is ready. On any failure nothing is left: the gofer and the init
     are killed, the state directory removed, and the error (one line) raised."""
-    import msgspec
     import prctl
 
     from gofer import protocol
@@ -136,10 +139,9 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
             with spans.span("cgroup"):
                 cgroup = _cgroup(spec, opts, gofer.pid, sd)
                 if not devices_enforced(cgroup.dirs.values() if cgroup else ()):
-                    # fail closed: with no device rules to stop it, CAP_MKNOD would let the
-                    # container make and open the host's disks
-                    print("sandbox: warning: no devices cgroup here: CAP_MKNOD is dropped", file=sys.stderr)
-                    spec = msgspec.structs.replace(spec, process=spec.process.without_capability("CAP_MKNOD"))
+                    # fail closed: without device rules a node in the image (or one made
+                    # with CAP_MKNOD) opens the host's device itself, a disk, /dev/kmsg
+                    raise SandboxError(NO_DEVICE_RULES)
             for name in spec.unenforced():
                 print(f"sandbox: warning: {name} is set in config.json but not enforced", file=sys.stderr)
             hooks = spec.hooks.ours() if spec.hooks is not None else None
@@ -345,10 +347,19 @@ def write_pid_file(path: str, pid: int) -> None:
     from mounts.errors import SandboxError
 
     path = os.path.abspath(path)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    # a fresh name, created exclusively and never through a link: the directory may be
+    # writable by others, who could plant a link at a name they can guess (our pid)
+    tmp = f"{path}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
     try:
-        with open(tmp, "w") as f:
-            f.write(str(pid))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, str(pid).encode())
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
         raise SandboxError(f"--pid-file {path}: {e.strerror}") from None

@@ -157,3 +157,17 @@ def test_the_container_sees_only_its_own_cgroups_as_under_runc(make_bundle, tmp_
     assert "unified" not in ours.stdout.split()
     assert ours.stdout == theirs.stdout
     assert not os.path.exists(f"/sys/fs/cgroup/systemd/sandbox-test-{os.getpid()}/{bundle.name}")
+
+
+def test_no_device_rules_no_container(make_bundle, tmp_path):
+    """A host without any device cgroup (here: a view without the v1 devices hierarchy):
+    refused in one line, nothing left. Dropping CAP_MKNOD alone left the image's own nodes
+    (a /dev/kmsg, a disk) open to the container."""
+    bundle = make_bundle(["true"])
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                        f"umount -l /sys/fs/cgroup/devices && {' '.join(_cli())} --root {tmp_path}/s run {bundle}"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip() == ("sandbox run: no devices cgroup here (a v1 devices controller, or cgroup v2) to "
+                                "restrict the container's device access: refusing to run it"), r.stderr
+    assert not os.listdir(tmp_path / "s")
