@@ -318,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     gofer = None
     verb = verb_of(argv)
+    if verb in ("run", "create", "exec"):
+        from sandbox import sealed
+
+        if not sealed.sealed() and sealed.may_ptrace(argv, verb):
+            sealed.exec_sealed()  # before any process the container could see exists
     if verb in ("run", "create"):
         # Fork the gofer before anything is imported or parsed (see sandbox/launch.py).
         from sandbox.launch import spawn_gofer

@@ -111,3 +111,32 @@ def test_a_created_init_is_not_dumpable(make_bundle, tmp_path):
         assert "Permission denied" in r.stdout + r.stderr
     finally:
         subprocess.run([sys.executable, "-m", "sandbox.cli", "--root", state, "delete", "-f", "dump1"])
+
+
+@pytest.mark.parametrize("caps", [["CAP_SYS_PTRACE", "CAP_KILL"], ["CAP_KILL"]])
+def test_a_container_that_may_ptrace_sees_no_host_interpreter(caps, make_bundle, tmp_path):
+    """With CAP_SYS_PTRACE a container can read the link /proc/<pid>/exe of our processes in
+    its pid namespace despite their being non-dumpable (a created init, the child of exec),
+    and rewrite the host's Python through it once it is no longer busy (CVE-2019-5736).
+    Those then run from a sealed memfd: the link names no host file, and the copy cannot be
+    written. Without the capability the link stays unreadable."""
+    bundle = make_bundle(["sleep", "30"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["capabilities"] = {k: caps for k in ("bounding", "effective", "permitted")}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    root = str(tmp_path / "state")
+    cli = [sys.executable, "-m", "sandbox.cli", "--root", root]
+    with open(tmp_path / "out", "w") as out:
+        assert subprocess.run([*cli, "create", "-b", str(bundle), "pt1"], stdin=subprocess.DEVNULL, stdout=out,
+                              stderr=out, timeout=60).returncode == 0
+    try:
+        # pid 1 waits for start: still our Python. The exec'd shell looks at it.
+        r = subprocess.run([*cli, "exec", "pt1", "sh", "-c", "readlink /proc/1/exe || echo unreadable; "
+                            "echo x >> /proc/1/exe || echo not-written"], capture_output=True, text=True, timeout=60)
+    finally:
+        subprocess.run([*cli, "delete", "--force", "pt1"], timeout=60)
+    lines = r.stdout.split("\n")
+    if "CAP_SYS_PTRACE" in caps:
+        assert lines[0] == "/memfd:sandbox-python (deleted)" and "not-written" in r.stdout, (r.stdout, r.stderr)
+    else:
+        assert "unreadable" in r.stdout and "Permission denied" in r.stderr, (r.stdout, r.stderr)
