@@ -41,7 +41,7 @@ def compile_filter(spec: Seccomp) -> sc.Seccomp:
             act = action(rule.action, rule.errno_ret)
             if act == default:
                 continue
-            args = [(a.index, sc.SCMP_CMP[a.op], a.value, a.value_two) for a in rule.args]
+            args = [(a.index, sc.SCMP_CMP[a.op], a.value, a.value_two) for a in rule.args or ()]
             indices = [a[0] for a in args]
             groups = [[a] for a in args] if len(set(indices)) != len(indices) else [args]
             for name in rule.names:

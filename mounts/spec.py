@@ -167,7 +167,11 @@ class SeccompSyscall(_S):
     names: list[str]
     action: str
     errno_ret: int | None = None
-    args: list[SeccompArg] = []
+    args: list[SeccompArg] | None = None  # podman's own seccomp.json writes null
+    # conditions of the engines' profile templates, resolved by the engine before a spec is
+    # written: a rule meant only for CAP_SYS_ADMIN must not apply to every container
+    includes: Any = None
+    excludes: Any = None
 
 
 class Seccomp(_S):
@@ -472,9 +476,13 @@ def _validate_seccomp(sc: Seccomp, path: str, check) -> None:
     if sc.default_errno_ret is not None:
         check(sc.default_errno_ret, 0, 0xFFFF, f"{where}.defaultErrnoRet")
     for i, rule in enumerate(sc.syscalls):
+        for name in ("includes", "excludes"):
+            if getattr(rule, name):
+                raise BundleError(f"{path}: {where}.syscalls[{i}].{name}: a profile template's condition "
+                                  "(the engine resolves these before it writes a spec): not applied blindly")
         if rule.errno_ret is not None:
             check(rule.errno_ret, 0, 0xFFFF, f"{where}.syscalls[{i}].errnoRet")
-        for j, arg in enumerate(rule.args):
+        for j, arg in enumerate(rule.args or ()):
             check(arg.index, 0, 5, f"{where}.syscalls[{i}].args[{j}].index")
             check(arg.value, 0, (1 << 64) - 1, f"{where}.syscalls[{i}].args[{j}].value")
             check(arg.value_two, 0, (1 << 64) - 1, f"{where}.syscalls[{i}].args[{j}].valueTwo")

@@ -97,3 +97,32 @@ def test_bad_profiles_are_one_line(bad, words, make_bundle, tmp_path):
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     for w in words:
         assert w in lines[0]
+
+
+def test_podmans_profile_template_is_refused_and_its_null_args_load(make_bundle, tmp_path):
+    """/usr/share/containers/seccomp.json is a template: rules with includes/excludes (allow
+    mount for CAP_SYS_ADMIN only ...) that podman resolves before it writes a spec. Applied
+    as it is, every condition would hold: refused in one line. Its rules without conditions
+    (null args among them) load and behave."""
+    path = "/usr/share/containers/seccomp.json"
+    if not os.path.exists(path):
+        pytest.skip("no podman profile installed")
+    with open(path) as f:
+        profile = json.load(f)
+    bundle = _bundle(make_bundle, profile)
+    r = sandbox("run", bundle, "--root", tmp_path / "s")
+    assert r.returncode == 2 and "includes: a profile template's condition" in r.stderr, r.stderr
+    assert any(rule.get("args", []) is None for rule in profile["syscalls"])
+    # resolved as podman resolves it for a container without capabilities on x86-64
+    resolved = []
+    for rule in profile["syscalls"]:
+        inc, exc = rule.pop("includes", None) or {}, rule.pop("excludes", None) or {}
+        if not inc.get("caps") and (not inc.get("arches") or "amd64" in inc["arches"]) \
+                and "amd64" not in exc.get("arches", []):
+            resolved.append(rule)
+    profile["syscalls"] = resolved
+    bundle = _bundle(make_bundle, profile, args=("sh", "-c", "grep -E '^Seccomp:' /proc/self/status; "
+                                                 "mkdir /tmp/x && echo MKDIR-OK; unshare -m true 2>&1 | tail -1"))
+    r = sandbox("run", bundle, "--root", tmp_path / "s")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[:2] == ["Seccomp:\t2", "MKDIR-OK"], r.stdout
