@@ -1,7 +1,7 @@
 """The OCI runtime spec (the parts we read), decoded and validated with msgspec.
 
-Accepts what ``runc spec`` and ``crun spec`` write. Fields we parse but do not enforce are
-listed by ``unenforced()`` so the CLI can name them once in a warning, never drop them silently.
+Accepts what ``runc spec`` and ``crun spec`` write. Every field we read is enforced; one we
+cannot enforce here is refused in one line, never dropped silently.
 """
 
 from __future__ import annotations
@@ -271,6 +271,12 @@ class Resources(_S):
     unified: dict[str, str] | None = None
 
 
+class IDMapping(_S):
+    container_id: int = msgspec.field(name="containerID")
+    host_id: int = msgspec.field(name="hostID")
+    size: int
+
+
 class Personality(_S):
     domain: str
     flags: list[str] = []
@@ -287,8 +293,8 @@ class Linux(_S):
     cgroups_path: str | None = None
     seccomp: Seccomp | None = None
     sysctl: dict[str, str] = {}
-    uid_mappings: Any = None
-    gid_mappings: Any = None
+    uid_mappings: list[IDMapping] = []
+    gid_mappings: list[IDMapping] = []
     mount_label: str | None = None
     intel_rdt: Any = None
     personality: Personality | None = None
@@ -304,17 +310,6 @@ class Spec(_S):
     annotations: dict[str, str] = {}
     linux: Linux = Linux()
 
-    def unenforced(self) -> list[str]:
-        """Names of the fields this spec sets that the launcher does not enforce."""
-        fields = [(self.linux, "linux", _UNENFORCED_LINUX), (self.process, "process", _UNENFORCED_PROCESS)]
-        return [f"{where}.{camel}" for obj, where, names in fields if obj is not None
-                for attr, camel in names if getattr(obj, attr) is not None]
-
-
-_UNENFORCED_LINUX = (
-                     ("uid_mappings", "uidMappings"), ("gid_mappings", "gidMappings"),
-                     ("intel_rdt", "intelRdt"))
-_UNENFORCED_PROCESS = ()
 
 # sysctls that belong to a namespace, by the namespace that must be the container's own
 # (runc's rule): anything else would change the host.
@@ -405,6 +400,9 @@ def validate(spec: Spec, path: str) -> None:
         check(sched.priority, 0, 99, "process.scheduler.priority")
         for name in ("runtime", "deadline", "period"):
             check(getattr(sched, name), 0, (1 << 64) - 1, f"process.scheduler.{name}")
+    _validate_user_namespace(spec, path, check)
+    if spec.linux.intel_rdt is not None:
+        raise BundleError(f"{path}: linux.intelRdt: Intel RDT (resctrl) is not supported")
     pers = spec.linux.personality
     if pers is not None:
         if pers.domain not in PERSONALITY_DOMAINS:
@@ -440,6 +438,24 @@ def validate(spec: Spec, path: str) -> None:
                 check(value, 0, UINT32_MAX, f"linux.devices[{i}].{name}")
         if d.file_mode is not None:
             check(d.file_mode, 0, 0o7777, f"linux.devices[{i}].fileMode")
+
+
+def _validate_user_namespace(spec: Spec, path: str, check) -> None:
+    """Mappings go with a new user namespace, and it needs them (runc's rules); the
+    container's root must be mapped (it becomes root in there to build the container)."""
+    user = next((ns for ns in spec.linux.namespaces if ns.type == "user"), None)
+    maps = (("uidMappings", spec.linux.uid_mappings), ("gidMappings", spec.linux.gid_mappings))
+    for field, mapping in maps:
+        for i, m in enumerate(mapping):
+            for name, camel in (("container_id", "containerID"), ("host_id", "hostID"), ("size", "size")):
+                check(getattr(m, name), 1 if name == "size" else 0, UINT32_MAX, f"linux.{field}[{i}].{camel}")
+        if user is None and mapping:
+            raise BundleError(f"{path}: linux.{field}: mappings without a user namespace in linux.namespaces")
+        if user is not None and not user.path:
+            if not mapping:
+                raise BundleError(f"{path}: linux.{field}: a new user namespace needs mappings")
+            if not any(m.container_id == 0 for m in mapping):
+                raise BundleError(f"{path}: linux.{field}: the container's root (0) is not mapped")
 
 
 def _validate_resources(r: Resources, path: str) -> None:

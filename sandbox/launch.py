@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 import time
 from typing import NamedTuple
 
@@ -142,8 +141,6 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                     # fail closed: without device rules a node in the image (or one made
                     # with CAP_MKNOD) opens the host's device itself, a disk, /dev/kmsg
                     raise SandboxError(NO_DEVICE_RULES)
-            for name in spec.unenforced():
-                print(f"sandbox: warning: {name} is set in config.json but not enforced", file=sys.stderr)
             hooks = spec.hooks.ours() if spec.hooks is not None else None
             pause = hooks is not None and bool(hooks.prestart or hooks.create_runtime)
             trace = opts.trace or _annotated_trace(spec.annotations.get(TRACE_ANNOTATION), opts)

@@ -91,15 +91,22 @@ def test_bind_mounts_and_join_a_namespace_by_path(make_bundle, tmp_path):
     assert not (shared / "x").exists() and mount_table() == before
 
 
-def test_unenforced_fields_are_named_once(make_bundle, tmp_path):
+@pytest.mark.parametrize("linux,message", [
+    ({"intelRdt": {"closID": "x"}}, "linux.intelRdt: Intel RDT (resctrl) is not supported"),
+    ({"uidMappings": [{"containerID": 0, "hostID": 1000, "size": 1}]},
+     "linux.uidMappings: mappings without a user namespace"),
+    ({"namespaces": [{"type": "user"}, {"type": "mount"}]}, "linux.uidMappings: a new user namespace needs mappings"),
+    ({"namespaces": [{"type": "user"}, {"type": "mount"}], "uidMappings": [{"containerID": 1, "hostID": 1000, "size": 1}],
+      "gidMappings": [{"containerID": 0, "hostID": 1000, "size": 1}]}, "the container's root (0) is not mapped"),
+    ({"namespaces": [{"type": "user"}], "uidMappings": [{"containerID": 0, "hostID": 1000, "size": 0}]},
+     "linux.uidMappings[0].size: 0 is out of range"),
+])
+def test_fields_we_cannot_enforce_are_refused(linux, message, make_bundle, tmp_path):
+    """No field is parsed and then ignored: what cannot be enforced is one line, exit 2."""
     spec = fixtures.default_spec(["true"])
-    bundle = make_bundle(linux={**spec["linux"], "sysctl": {"net.ipv4.ip_forward": "1"},
-                                "intelRdt": {"closID": "x"},
-                                "seccomp": {"defaultAction": "SCMP_ACT_ALLOW"}})
+    bundle = make_bundle(linux={**spec["linux"], **linux})
     r = run(bundle, tmp_path)
-    assert r.returncode == 0
-    warnings = [line for line in r.stderr.splitlines() if "warning" in line]
-    assert warnings == ["sandbox: warning: linux.intelRdt is set in config.json but not enforced"]
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 @pytest.mark.parametrize("tool", ["runc", "crun"])

@@ -99,14 +99,6 @@ def test_unparsable_requirement():
         check_requirements(req("gpus>2"), "535.1.1", "12.2", [], [])
 
 
-def test_unenforced_fields_are_named():
-    s = msgspec.convert({"ociVersion": "1", "root": {"path": "r"}, "process": {"args": ["x"], "oomScoreAdj": 5},
-                         "hooks": {"prestart": [{"path": "/bin/true"}]},
-                         "linux": {"seccomp": {"defaultAction": "SCMP_ACT_ALLOW"},
-                                   "resources": {"memory": {"limit": 1}, "blockIO": {"weight": 10}}}}, Spec)
-    assert s.unenforced() == ["linux.resources.blockIO"]  # the rest is enforced (oomScoreAdj too)
-    assert spec().unenforced() == []
-
 
 @pytest.mark.parametrize("value", ["all,foo", "foo,all", "compute,\u00b2"])
 def test_unknown_capability_even_beside_all(value):
