@@ -6,10 +6,12 @@ init, then set the process up exactly as the init was (gofer/process.py) and exe
     sandbox exec (P)             child (C)                      process (G)
     ----------------             ---------                      -----------
     subreaper (unless -d)
-    fork ------------------->    setns ipc, uts, net, pid,
-                                 cgroup, then mnt (our root
-                                 becomes the container's)
-                                 fork ----------------------->  rlimits, pty, user, caps,
+    fork ------------------->    cgroups, rlimits, scheduling
+                                 setns user (first: it owns
+                                 the others), ipc, uts, net,
+                                 pid, cgroup, then mnt (our
+                                 root becomes the container's)
+                                 fork ----------------------->  pty, user, caps,
                   <-- "pid N" -- exit 0                         umask, cwd, env, exec
     reap C; G is now ours
                   <---------------------- EOF (exec'd) or "err CODE MESSAGE" --
@@ -31,9 +33,11 @@ from gofer.seccomp import compile_filter
 from mounts.errors import SandboxError
 from mounts.spec import Personality, Process, Seccomp
 
-# mnt last: joining it moves our root and cwd into the container, after which the host's
-# /proc/<pid>/ns files are out of reach (all fds are opened first anyway).
-NAMESPACES = (("ipc", sc.CLONE_NEWIPC), ("uts", sc.CLONE_NEWUTS), ("net", sc.CLONE_NEWNET),
+# user first: in it we hold the privileges over the namespaces it owns, and no other (so the
+# cgroups, rlimits and scheduling come before it). mnt last: joining it moves our root and
+# cwd into the container, after which the host's /proc/<pid>/ns files are out of reach (all
+# fds are opened first anyway).
+NAMESPACES = (("user", sc.CLONE_NEWUSER), ("ipc", sc.CLONE_NEWIPC), ("uts", sc.CLONE_NEWUTS), ("net", sc.CLONE_NEWNET),
               ("pid", sc.CLONE_NEWPID), ("cgroup", sc.CLONE_NEWCGROUP), ("mnt", sc.CLONE_NEWNS))
 
 
@@ -122,6 +126,10 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
                 f.write(str(os.getpid()))
         # the container's filter too, built while libseccomp (a host library) is reachable
         filt = compile_filter(seccomp) if seccomp is not None else None
+        # with the host's privileges still ours (a user namespace takes them): raising a
+        # hard limit, a real-time policy; the fork below inherits them
+        process.set_rlimits(proc)
+        process.set_scheduling(proc, personality)
         for fd, flag, name in fds:
             sc.setns(fd, flag, what=f"the container's {name} namespace")
             os.close(fd)
@@ -131,8 +139,6 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
             os._exit(0)
         if console is not None:
             process.open_console(console, proc)
-        process.set_rlimits(proc)
-        process.set_scheduling(proc, personality)
         process.become(proc, filt)
         process.exec_process(proc, pdeathsig=False, seccomp=filt)
     except BaseException as e:

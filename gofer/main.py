@@ -14,7 +14,7 @@ import time
 
 import prctl
 
-from gofer import gpu, process, protocol, rootfs, seccomp
+from gofer import gpu, process, protocol, rootfs, seccomp, userns
 from gofer import syscalls as sc
 from gofer.cgroups import Pinned
 from gofer.hooks import run_hooks, state_json
@@ -147,6 +147,14 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     console = process.connect_console(start.console_socket) if start.console_socket else None
     # libseccomp is a host library: load it and build the filter here
     filt = seccomp.compile_filter(spec.linux.seccomp) if spec.linux.seccomp is not None else None
+    in_userns, userns_path = userns.new_namespace(spec)
+    idmapped, sources = None, None
+    if in_userns:
+        sources = rootfs.clone_bind_sources(spec, start.bundle)
+        # raising a hard limit or a real-time policy takes the host's privileges: now, then
+        process.set_rlimits(spec.process)
+        process.set_scheduling(spec.process, spec.linux.personality)
+        parent, idmapped = _keeper(sock, start, parent, userns_path)  # returns in the namespace
     with spans.span("unshare"):
         flags, joined = rootfs.enter_namespaces(spec)
         if flags & sc.CLONE_NEWNET:
@@ -161,7 +169,8 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             sock.close()
             if start.detached:  # create: the init outlives us; the caller (a subreaper) reaps it
                 os._exit(0)
-            _wait_pid1(child, parent, start.cgroup_created)
+            # (in a user namespace the keeper above us removes the cgroups: we cannot)
+            _wait_pid1(child, parent, [] if in_userns else start.cgroup_created)
         if not start.detached:
             prctl.set_pdeathsig(signal.SIGKILL)
     host_pid = spans.pid = _host_pid()  # read while /proc is still the host's
@@ -169,11 +178,11 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         spans.add("fork pid 1", t)
 
     with spans.span("rootfs"):
-        root = rootfs.prepare_root(spec, start.rootfs, start.overlay_root, start.scratch_size)
+        root = rootfs.prepare_root(spec, start.rootfs, start.overlay_root, start.scratch_size, idmapped)
     with spans.span("spec mounts", count=len(spec.mounts)):
-        rootfs.spec_mounts(root, spec, start.bundle)
+        rootfs.spec_mounts(root, spec, start.bundle, sources)
     with spans.span("devices"):
-        rootfs.make_devices(root, spec.linux.devices)
+        rootfs.make_devices(root, spec.linux.devices, bind=in_userns)
     with spans.span("gpu mounts") as s:
         s.args["requests"] = _gpu_requests(sock, root, spans)
         s.args["overlays"] = len(root.overlays)
@@ -209,8 +218,9 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     if console is not None:
         process.open_console(console, proc)
     with spans.span("user"):
-        process.set_rlimits(proc)
-        process.set_scheduling(proc, spec.linux.personality)
+        if not in_userns:
+            process.set_rlimits(proc)
+            process.set_scheduling(proc, spec.linux.personality)
         process.become(proc, filt)
     spans.add("exec", time.monotonic_ns())
     if start.detached:
@@ -231,6 +241,44 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         def start_hooks() -> None:
             run_hooks(hooks.start_container, "startContainer", state)
     process.exec_process(proc, pdeathsig=not start.detached, seccomp=filt, before_exec=start_hooks)
+
+
+def _keeper(sock: socket.socket, start: protocol.Start, parent: int, path: str | None) -> tuple[int, int]:
+    """Split for the container's user namespace (gofer/userns.py): we stay outside as its
+    keeper and never return; the child returns inside it, as root there, with the keeper's
+    pid (its parent now) and the fd of the idmapped rootfs."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    child = os.fork()
+    if child == 0:
+        ours.close()
+        keeper = os.getppid()
+        if not start.detached:
+            prctl.set_pdeathsig(signal.SIGKILL)
+        tree = userns.enter(path, theirs)
+        prctl.set_dumpable(False)  # a change of credentials resets both
+        if not start.detached:  # (detached, the keeper exits as soon as we are set up)
+            prctl.set_pdeathsig(signal.SIGKILL)
+            if os.getppid() != keeper:
+                raise GoferError("the gofer exited before the user namespace was made")
+        return keeper, tree
+    theirs.close()
+    if ours.recv(1) == b"u":
+        try:
+            if path is None:
+                userns.write_maps(child, start.spec)
+            tree = userns.idmapped_root(start.rootfs, path or f"/proc/{child}/ns/user")
+        except SandboxError as e:
+            os.kill(child, signal.SIGKILL)
+            protocol.send(sock, protocol.error_frame(e))
+            os._exit(e.exit_code)
+        socket.send_fds(ours, [b"m"], [tree])
+        os.close(tree)
+    ours.close()
+    sock.close()  # the child speaks for the container from here on
+    if start.detached:  # the init outlives us, as in create without a user namespace
+        os._exit(0)
+    _wait_pid1(child, parent, start.cgroup_created)
+    raise AssertionError("unreachable")
 
 
 def _hook_state(start: protocol.Start, pid: int) -> bytes:

@@ -297,23 +297,25 @@ class Root:
     # -- actions -----------------------------------------------------------------------
 
     def bind(self, source_fd: int, unsafe_path: str, flags: tuple[str, ...], recursive: bool = False,
-             is_dir: bool = False) -> None:
-        """Bind what ``source_fd`` refers to onto ``unsafe_path`` with ``flags`` (ro, nosuid,
-        nodev, noexec) already in force when the mount appears. On failure the mount point we
-        created is removed again."""
+             is_dir: bool = False, detached: bool = False) -> None:
+        """Bind what ``source_fd`` refers to (or attach it, a ``detached`` clone already) onto
+        ``unsafe_path`` with ``flags`` (ro, nosuid, nodev, noexec) already in force when the
+        mount appears. On failure the mount point we created is removed again."""
         parent, target, name, created = self.ensure_node(unsafe_path, is_dir)
         try:
             self.not_the_root(target, unsafe_path)
-            if USE_MOUNT_API:
-                tree = sc.open_tree(source_fd, "", sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_EMPTY_PATH
-                                    | (sc.AT_RECURSIVE if recursive else 0), what=unsafe_path)
+            if USE_MOUNT_API or detached:
+                tree = source_fd if detached else sc.open_tree(
+                    source_fd, "", sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_EMPTY_PATH
+                    | (sc.AT_RECURSIVE if recursive else 0), what=unsafe_path)
                 try:
                     attrs = sum(ATTRS[f] for f in flags if f in ATTRS)
                     if attrs:
                         sc.mount_setattr(tree, attrs, recursive, what=unsafe_path)
                     sc.move_mount(tree, target, what=f"onto {unsafe_path}")
                 finally:
-                    os.close(tree)
+                    if not detached:  # (the caller's fd)
+                        os.close(tree)
             else:
                 sc.mount(sc.fdpath(source_fd), sc.fdpath(target), None,
                          sc.MS_BIND | (sc.MS_REC if recursive else 0))

@@ -65,7 +65,7 @@ def namespace_flags(spec: Spec) -> tuple[int, list[tuple[str, str]]]:
         if ns.type not in sc.NAMESPACES:
             raise MountError(ns.type, f"linux.namespaces: unknown namespace type {ns.type!r}")
         if ns.type == "user":
-            raise MountError(ns.type, "linux.namespaces: user namespaces are not supported")
+            continue  # entered first, on its own (gofer/userns.py)
         if ns.path:
             join.append((ns.type, ns.path))
         else:
@@ -101,7 +101,8 @@ def enter_namespaces(spec: Spec) -> tuple[int, int]:
     return flags, joined
 
 
-def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: str | None = None) -> Root:
+def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: str | None = None,
+                 idmapped: int | None = None) -> Root:
     """Make our copy of the mount tree private, then the rootfs a mount point of its own.
 
     Propagation first: nothing we mount may leak back to the host's namespace. The rootfs
@@ -114,7 +115,15 @@ def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: s
     # private stays private; slave and shared roots start as slaves (host mounts still reach
     # them, none of ours goes back); propagate_root makes a shared one shared past pivot_root
     sc.mount(None, "/", None, sc.MS_REC | (sc.MS_PRIVATE if prop & (sc.MS_PRIVATE | sc.MS_UNBINDABLE) else sc.MS_SLAVE))
-    sc.mount(rootfs, rootfs, None, sc.MS_BIND | sc.MS_REC)
+    if idmapped is None:
+        sc.mount(rootfs, rootfs, None, sc.MS_BIND | sc.MS_REC)
+    else:  # the keeper's idmapped clone (gofer/userns.py), attached where the rootfs is
+        target = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            sc.move_mount(idmapped, target, what=f"idmapped root onto {rootfs}")
+        finally:
+            os.close(target)
+            os.close(idmapped)
     root = Root(rootfs, scratch_size)
     if overlay:
         root.writable(root.fd, "/")
@@ -175,9 +184,48 @@ def _ordinary_dir(root: Root, unsafe_path: str) -> None:
         raise
 
 
-def spec_mounts(root: Root, spec: Spec, bundle: str) -> None:
-    """The spec's mounts in order."""
-    for m in spec.mounts:
+def _is_bind(m: Mount) -> bool:
+    flags = parse_options(m.options)[0]
+    return (m.type or ("bind" if flags & sc.MS_BIND else None)) == "bind" or bool(flags & sc.MS_BIND)
+
+
+def clone_bind_sources(spec: Spec, bundle: str) -> dict[int, int]:
+    """{index in spec.mounts: detached clone} of every bind source, made now, with the
+    host's privileges: from inside a user namespace the host's paths may be out of reach (a
+    0700 directory of the host's root), and a mount of another namespace cannot be cloned
+    there. Detached trees can be attached anywhere (runc opens its sources outside too)."""
+    fds = {}
+    try:
+        for i, m in enumerate(spec.mounts):
+            if _is_bind(m):
+                src = _open_source(m, bundle)
+                try:
+                    rec = sc.AT_RECURSIVE if parse_options(m.options)[0] & sc.MS_REC else 0
+                    fds[i] = sc.open_tree(src, "", sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_EMPTY_PATH | rec,
+                                          what=m.destination)
+                finally:
+                    os.close(src)
+    except BaseException:
+        for fd in fds.values():
+            os.close(fd)
+        raise
+    return fds
+
+
+def _open_source(m: Mount, bundle: str) -> int:
+    source = m.source or ""
+    if not os.path.isabs(source):
+        source = os.path.join(bundle, source)
+    try:
+        return os.open(source, os.O_PATH | os.O_CLOEXEC)
+    except OSError as e:
+        raise MountError(m.destination, f"bind source {source}: {e.strerror}") from None
+
+
+def spec_mounts(root: Root, spec: Spec, bundle: str, sources: dict[int, int] | None = None) -> None:
+    """The spec's mounts in order (bind sources from ``sources`` where cloned already)."""
+    sources = sources or {}
+    for i, m in enumerate(spec.mounts):
         flags, prop, data = parse_options(m.options)
         fstype = m.type or ("bind" if flags & sc.MS_BIND else None)
         if fstype == "cgroup":
@@ -185,17 +233,13 @@ def spec_mounts(root: Root, spec: Spec, bundle: str) -> None:
             continue
         if fstype in ("proc", "sysfs"):
             _ordinary_dir(root, m.destination)
-        if fstype == "bind" or flags & sc.MS_BIND:
-            source = m.source or ""
-            if not os.path.isabs(source):
-                source = os.path.join(bundle, source)
-            try:
-                src = os.open(source, os.O_PATH | os.O_CLOEXEC)
-            except OSError as e:
-                raise MountError(m.destination, f"bind source {source}: {e.strerror}") from None
+        if _is_bind(m):
+            detached = i in sources
+            src = sources.pop(i) if detached else _open_source(m, bundle)
             try:
                 is_dir = stat.S_ISDIR(os.fstat(src).st_mode)
-                root.bind(src, m.destination, bind_flags(flags), recursive=bool(flags & sc.MS_REC), is_dir=is_dir)
+                root.bind(src, m.destination, bind_flags(flags), recursive=bool(flags & sc.MS_REC), is_dir=is_dir,
+                          detached=detached)
             finally:
                 os.close(src)
         else:
@@ -210,9 +254,11 @@ def spec_mounts(root: Root, spec: Spec, bundle: str) -> None:
                 os.close(fd)
 
 
-def make_devices(root: Root, devices: list[Device]) -> None:
+def make_devices(root: Root, devices: list[Device], bind: bool = False) -> None:
     """runc's default nodes and links in /dev, then linux.devices, made with mknod in the
-    container's /dev (a tmpfs from the spec, or an overlay of the image's /dev)."""
+    container's /dev (a tmpfs from the spec, or an overlay of the image's /dev). With
+    ``bind`` (in a user namespace, where mknod is not allowed) the host's own nodes at the
+    same paths are bound instead, as runc binds them."""
     dev = root.ensure_dir("/dev")
     root.not_the_root(dev, "/dev")
     dev = root.writable(dev, "/dev")
@@ -225,6 +271,9 @@ def make_devices(root: Root, devices: list[Device]) -> None:
         fmt = {"c": stat.S_IFCHR, "u": stat.S_IFCHR, "b": stat.S_IFBLK, "p": stat.S_IFIFO}.get(kind)
         if fmt is None:
             raise MountError(path, f"linux.devices: unknown device type {kind!r}")
+        if bind:
+            _bind_host_node(root, path, fmt, major, minor)
+            continue
         try:
             os.unlink(name, dir_fd=parent)
         except FileNotFoundError:
@@ -239,6 +288,21 @@ def make_devices(root: Root, devices: list[Device]) -> None:
             os.symlink(target, name, dir_fd=dev)
         except FileExistsError:
             pass
+
+
+def _bind_host_node(root: Root, path: str, fmt: int, major: int, minor: int) -> None:
+    """The host's node at ``path`` bound in, once it shows the type and numbers asked for."""
+    try:
+        src = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise MountError(path, f"no such device on the host to bind into the user namespace: {e.strerror}") from None
+    try:
+        st = os.fstat(src)
+        if stat.S_IFMT(st.st_mode) != fmt or (fmt != stat.S_IFIFO and st.st_rdev != os.makedev(major, minor)):
+            raise MountError(path, f"the host's {path} is not the device {major}:{minor} asked for")
+        root.bind(src, path, ("nosuid", "noexec"))
+    finally:
+        os.close(src)
 
 
 def pivot(root: Root) -> None:

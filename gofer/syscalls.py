@@ -210,6 +210,7 @@ def open_tree(dirfd: int, path: str, flags: int, what: str = "") -> int:
 
 
 def move_mount(from_fd: int, to_fd: int, what: str = "") -> None:
+    """Attach the mount ``from_fd`` (a detached tree, or one to move) onto ``to_fd``."""
     res = _retry(_syscall, ctypes.c_long(_NR["move_mount"]), ctypes.c_int(from_fd), b"",
                  ctypes.c_int(to_fd), b"", ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH))
     _check(res, "move_mount", what)
@@ -220,8 +221,11 @@ class _MountAttr(ctypes.Structure):
                 ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
 
 
-def mount_setattr(fd: int, attr_set: int, recursive: bool = False, what: str = "") -> None:
-    attr = _MountAttr(attr_set, 0, 0, 0)
+MOUNT_ATTR_IDMAP = 0x00100000
+
+
+def mount_setattr(fd: int, attr_set: int, recursive: bool = False, what: str = "", userns_fd: int = 0) -> None:
+    attr = _MountAttr(attr_set, 0, 0, userns_fd)
     flags = AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)
     res = _retry(_syscall, ctypes.c_long(_NR["mount_setattr"]), ctypes.c_int(fd), b"", ctypes.c_uint(flags),
                  ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))

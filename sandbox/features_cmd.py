@@ -18,7 +18,7 @@ def main(args) -> int:
         "hooks": ["prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"],
         "mountOptions": sorted(set(FLAGS) | set(PROPAGATION)),
         "linux": {
-            "namespaces": sorted(n for n in NAMESPACES if n != "user"),
+            "namespaces": sorted(NAMESPACES),
             "capabilities": sorted(CAP_NUMBERS),
             "cgroup": {"v1": True, "v2": True, "systemd": False, "systemdUser": False},
             "seccomp": {"enabled": True, "actions": [a for a in SECCOMP_ACTIONS if a != "SCMP_ACT_NOTIFY"],
