@@ -139,8 +139,9 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
             os._exit(0)
         if console is not None:
             process.open_console(console, proc)
+        entry = process.look_up(proc)
         process.become(proc, filt)
-        process.exec_process(proc, pdeathsig=False, seccomp=filt)
+        process.exec_process(proc, entry, pdeathsig=False, seccomp=filt)
     except BaseException as e:
         msg = str(e) or type(e).__name__
         code = e.exit_code if isinstance(e, SandboxError) else 1

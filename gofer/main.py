@@ -146,7 +146,10 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     fifo = os.open(start.exec_fifo, os.O_RDWR | os.O_CLOEXEC) if start.exec_fifo else None
     console = process.connect_console(start.console_socket) if start.console_socket else None
     # libseccomp is a host library: load it and build the filter here
-    filt = seccomp.compile_filter(spec.linux.seccomp) if spec.linux.seccomp is not None else None
+    filt = None
+    if spec.linux.seccomp is not None:
+        with spans.span("seccomp compile", rules=len(spec.linux.seccomp.syscalls)):
+            filt = seccomp.compile_filter(spec.linux.seccomp)
     in_userns, userns_path = userns.new_namespace(spec)
     idmapped, sources = None, None
     if in_userns:
@@ -218,6 +221,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     if console is not None:
         process.open_console(console, proc)
     with spans.span("user"):
+        entry = process.look_up(proc)
         if not in_userns:
             process.set_rlimits(proc)
             process.set_scheduling(proc, spec.linux.personality)
@@ -236,11 +240,13 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         # start` writes its byte (no writer-less EOF can end it early).
         os.read(fifo, 1)
         os.close(fifo)
+        global _started
+        _started = True
     start_hooks = None
     if hooks is not None and hooks.start_container:
         def start_hooks() -> None:
             run_hooks(hooks.start_container, "startContainer", state)
-    process.exec_process(proc, pdeathsig=not start.detached, seccomp=filt, before_exec=start_hooks)
+    process.exec_process(proc, entry, pdeathsig=not start.detached, seccomp=filt, before_exec=start_hooks)
 
 
 def _keeper(sock: socket.socket, start: protocol.Start, parent: int, path: str | None) -> tuple[int, int]:
@@ -308,8 +314,16 @@ def serve(sock: socket.socket, t_spawn: int, parent: int) -> None:
             _traceback.print_exc()
         frame = protocol.error_frame(e)
         code = frame.code
-        try:
-            protocol.send(sock, frame)
-        except OSError:
-            pass
+        if _started:
+            # no supervisor to tell (a created init failing after start): the container's
+            # stderr, where the engine's log is, gets the line instead
+            os.write(2, f"sandbox: {frame.message}\n".encode(errors="replace"))
+        else:
+            try:
+                protocol.send(sock, frame)
+            except OSError:
+                pass  # the supervisor gave up first and says why itself
     os._exit(code)
+
+
+_started = False  # a created init past `sandbox start`: its supervisor is long gone

@@ -12,6 +12,7 @@ import signal
 import socket
 import struct
 import termios
+from typing import NamedTuple
 
 import prctl
 
@@ -238,7 +239,39 @@ def home_of(uid: int) -> str:
     return "/"
 
 
-def exec_process(proc: Process, pdeathsig: bool = True, seccomp=None, before_exec=None) -> None:
+class Entry(NamedTuple):
+    """What the process takes from the image, looked up as root inside the root before the
+    user changes and before any seccomp filter is loaded (a profile may well deny openat2)."""
+
+    cwd: int  # O_PATH fd of process.cwd, resolved without magic links
+    home: str
+
+
+def look_up(proc: Process) -> Entry:
+    try:
+        cwd = _in_root(proc.cwd, os.O_PATH | os.O_DIRECTORY)
+    except OSError as e:
+        raise ProcessError(f"process.cwd {proc.cwd}: {e.strerror}") from None
+    env = dict(item.partition("=")[::2] for item in proc.env)
+    return Entry(cwd, env["HOME"] if "HOME" in env else home_of(proc.user.uid))
+
+
+def _enter_cwd(proc: Process, entry: Entry) -> None:
+    """chdir as the container's user (its permissions apply, as under runc), to the very
+    directory look_up() resolved: a path that now leads elsewhere (a link swapped since,
+    a magic link) is refused."""
+    try:
+        os.chdir(proc.cwd)
+        here, there = os.stat("."), os.fstat(entry.cwd)
+    except OSError as e:
+        raise ProcessError(f"process.cwd {proc.cwd}: {e.strerror}") from None
+    finally:
+        os.close(entry.cwd)
+    if (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
+        raise ProcessError(f"process.cwd {proc.cwd}: leads elsewhere than it did inside the root")
+
+
+def exec_process(proc: Process, entry: Entry, pdeathsig: bool = True, seccomp=None, before_exec=None) -> None:
     """A new session, umask, cwd, HOME, no_new_privs, PDEATHSIG (credential changes cleared
     it), every signal back to its default and none blocked, then execvpe with the spec's
     environment only: nothing of ours, nothing of the caller's. Every fd above 2 is already
@@ -248,17 +281,9 @@ def exec_process(proc: Process, pdeathsig: bool = True, seccomp=None, before_exe
     except OSError:
         pass  # already the leader of the session our console made
     os.umask(proc.user.umask if proc.user.umask is not None else DEFAULT_UMASK)
-    try:
-        cwd = _in_root(proc.cwd, os.O_PATH | os.O_DIRECTORY)
-        try:
-            os.fchdir(cwd)
-        finally:
-            os.close(cwd)
-    except OSError as e:
-        raise ProcessError(f"process.cwd {proc.cwd}: {e.strerror}") from None
+    _enter_cwd(proc, entry)
     env = dict(item.partition("=")[::2] for item in proc.env)
-    if "HOME" not in env:
-        env["HOME"] = home_of(proc.user.uid)
+    env["HOME"] = entry.home
     if proc.no_new_privileges:
         prctl.set_no_new_privs(1)
     if pdeathsig:  # not for a created container: its init outlives the runtime that made it

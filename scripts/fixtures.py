@@ -389,6 +389,26 @@ def bundle(dest: Path, root: Path, args: list[str], env: list[str] | None = None
     return dest
 
 
+PODMAN_PROFILE = "/usr/share/containers/seccomp.json"
+
+
+def engine_seccomp_profile(caps: tuple[str, ...] = ()) -> dict:
+    """podman's default profile (Docker's, in origin) resolved as the engine resolves it for
+    a container with ``caps`` on x86-64: the template's includes/excludes applied, then gone."""
+    with open(PODMAN_PROFILE) as f:
+        profile = json.load(f)
+    resolved = []
+    for rule in profile["syscalls"]:
+        inc, exc = rule.pop("includes", None) or {}, rule.pop("excludes", None) or {}
+        wanted = all(c in caps for c in inc.get("caps", [])) and (not inc.get("arches") or "amd64" in inc["arches"])
+        unwanted = any(c in caps for c in exc.get("caps", [])) or "amd64" in exc.get("arches", [])
+        if wanted and not unwanted:
+            resolved.append(rule)
+    profile["syscalls"] = resolved
+    profile.setdefault("architectures", ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"])
+    return profile
+
+
 def demo_bundle() -> Path:
     return bundle(
         CACHE / "bundles/demo",

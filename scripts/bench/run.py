@@ -7,6 +7,8 @@
   runc run     with `sandbox hook` as createRuntime hook (GPUs), and with a no-op hook
   sandbox run  with/without GPUs on an image whose ld.so.cache has 1400 entries
   raw mounts   the plan's bind mounts done by a minimal C loop (scripts/bench/rawmounts.c)
+  isolation    sandbox run and runc run of the no-GPU bundle with an engine's default seccomp
+               profile, a memory and a pids limit, against the same bundle without them
 
 plus, from traced GPU runs: the gofer's mount phase against the raw loop, the supervisor's
 peak RSS, and the phase table of one GPU start. Needs root. BENCH_N sets the run count.
@@ -103,6 +105,14 @@ def _bench(n: int, driver: Path, work: Path) -> int:
     spec["hooks"] = {"createRuntime": [{"path": "/bin/true", "args": ["true"]}]}
     (noop / "config.json").write_text(json.dumps(spec))
 
+    isolated = fixtures.bundle(work / "isolated", rootfs, ["true"])
+    spec = json.loads((isolated / "config.json").read_text())
+    spec["linux"]["seccomp"] = fixtures.engine_seccomp_profile()
+    spec["linux"]["resources"] = {"devices": [{"allow": False, "access": "rwm"}],
+                                  "memory": {"limit": 67108864}, "pids": {"limit": 64}}
+    spec["process"]["noNewPrivileges"] = True
+    (isolated / "config.json").write_text(json.dumps(spec))
+
     raw = work / "rawmounts"
     subprocess.run(["gcc", "-O2", "-o", str(raw), str(REPO / "scripts/bench/rawmounts.c")], check=True)
     plan = json.loads(subprocess.run(SANDBOX + ["plan", str(gpu), "--driver-root", str(driver), "--json"],
@@ -122,6 +132,10 @@ def _bench(n: int, driver: Path, work: Path) -> int:
                                                          "--bundle", str(hooked), f"h{i}"]),
         "runc run + no-op hook": lambda i: timed(["runc", "--root", str(state / "runc"), "run", "--bundle",
                                                   str(noop), f"n{i}"]),
+        "sandbox run, no GPU, seccomp + limits": lambda i: timed(SANDBOX + ["run", str(isolated), "--root",
+                                                                           str(state)]),
+        "runc run, no GPU, seccomp + limits": lambda i: timed(["runc", "--root", str(state / "runc"), "run",
+                                                               "--bundle", str(isolated), f"s{i}"]),
         "sandbox run, GPU, 1400-entry image cache": lambda i: timed(
             SANDBOX + ["run", str(big_gpu), "--driver-root", str(driver), "--root", str(state)]),
         "sandbox run, no GPU, 1400-entry image cache": lambda i: timed(
@@ -141,7 +155,9 @@ def _bench(n: int, driver: Path, work: Path) -> int:
     # the start latency, free of the event loop's import that follows it), the GPU mount
     # phase, the supervisor's peak memory, and one phase table
     trace = work / "trace.json"
-    traced = {"GPU": gpu, "no GPU": plain, "GPU, 1400-entry image": big_gpu, "no GPU, 1400-entry image": big_plain}
+    traced = {"GPU": gpu, "no GPU": plain, "GPU, 1400-entry image": big_gpu, "no GPU, 1400-entry image": big_plain,
+              "no GPU, seccomp + limits": isolated}
+    isolation_spans: dict[str, list[float]] = {"seccomp compile": [], "cgroup": [], "device rules": []}
     to_exec: dict[str, list[float]] = {k: [] for k in traced}
     launch_to_exec: dict[str, list[float]] = {k: [] for k in traced}
     mount_ms, rss = [], []
@@ -155,6 +171,9 @@ def _bench(n: int, driver: Path, work: Path) -> int:
             to_exec[name].append(spans["exec"]["ts"] / 1e3)
             launch_to_exec[name].append((data["otherData"]["origin_monotonic_ns"] - launched) / 1e6
                                         + spans["exec"]["ts"] / 1e3)
+            if name == "no GPU, seccomp + limits":
+                for key, values in isolation_spans.items():
+                    values.append(sum(e["dur"] for e in events if e["ph"] == "X" and e["name"] == key) / 1e3)
             if name == "GPU":
                 mount_ms.append(sum(e["dur"] for e in events if e["ph"] == "X" and e["name"].startswith("gpu ")
                                     and e["name"] not in ("gpu ld.so.cache", "gpu procfs")) / 1e3)
@@ -184,6 +203,13 @@ def _bench(n: int, driver: Path, work: Path) -> int:
     print(f"  sandbox hook adds to runc run (hook - no hook)       {med['runc run + sandbox hook, GPU'] - med['runc run, GPU bundle, no hook']:7.2f} ms")
     print(f"  sandbox hook adds to runc run (hook - no-op hook)    {med['runc run + sandbox hook, GPU'] - med['runc run + no-op hook']:7.2f} ms")
     print(f"  sandbox run, no GPU / runc run, no GPU               {med['sandbox run, no GPU'] / med['runc run, no GPU']:7.2f} x")
+    print(f"  seccomp + limits add to sandbox run                  "
+          f"{med['sandbox run, no GPU, seccomp + limits'] - med['sandbox run, no GPU']:7.2f} ms"
+          f" (to its execve: {ex['no GPU, seccomp + limits'] - ex['no GPU']:.2f} ms)")
+    print(f"  seccomp + limits add to runc run                     "
+          f"{med['runc run, no GPU, seccomp + limits'] - med['runc run, no GPU']:7.2f} ms")
+    print("  of which, in sandbox's trace (medians): " + ", ".join(
+        f"{k} {statistics.median(v):.2f} ms" for k, v in isolation_spans.items()))
     mm, rm = statistics.median(mount_ms), statistics.median(raw_ms)
     print(f"  gofer bind phases (traced runs) / raw loop           {mm:5.2f} / {rm:5.2f} ms = {mm / rm:.2f} x")
     print(f"  supervisor peak RSS                                  {statistics.median(rss):7.1f} MiB")

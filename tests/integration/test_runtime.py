@@ -387,3 +387,20 @@ def test_start_container_hooks_run_under_the_containers_filter_as_under_runc(mak
         assert r.returncode == 0, r.stderr
         seen.append((out / "hook.out").read_text().split())
     assert seen[0] == ["NoNewPrivs:", "1", "Seccomp:", "2", "mkdir-denied"] and seen[0] == seen[1], seen
+
+
+def test_a_created_init_that_cannot_exec_says_why_on_its_stderr(make_bundle, tmp_path):
+    """After start there is no supervisor to tell: the one line goes to the container's
+    stderr (the engine's log of it), not nowhere."""
+    bundle = make_bundle(["/no/such/program"])
+    out = tmp_path / "init.out"
+    with open(out, "w") as f:
+        assert subprocess.run([sys.executable, "-m", "sandbox.cli", "--root", str(tmp_path / "state"), "create",
+                               "--bundle", str(bundle), "nx1"], stdin=subprocess.DEVNULL, stdout=f, stderr=f,
+                              timeout=60).returncode == 0
+    try:
+        assert rt(tmp_path, "start", "nx1").returncode == 0
+        wait_status(tmp_path, "nx1", "stopped")
+    finally:
+        rt(tmp_path, "delete", "--force", "nx1")
+    assert "sandbox: exec /no/such/program: No such file or directory" in out.read_text()

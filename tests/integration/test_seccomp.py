@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 
+import fixtures
 import pytest
 
 from tests.integration.helpers import sandbox
@@ -104,7 +105,7 @@ def test_podmans_profile_template_is_refused_and_its_null_args_load(make_bundle,
     mount for CAP_SYS_ADMIN only ...) that podman resolves before it writes a spec. Applied
     as it is, every condition would hold: refused in one line. Its rules without conditions
     (null args among them) load and behave."""
-    path = "/usr/share/containers/seccomp.json"
+    path = fixtures.PODMAN_PROFILE
     if not os.path.exists(path):
         pytest.skip("no podman profile installed")
     with open(path) as f:
@@ -113,16 +114,52 @@ def test_podmans_profile_template_is_refused_and_its_null_args_load(make_bundle,
     r = sandbox("run", bundle, "--root", tmp_path / "s")
     assert r.returncode == 2 and "includes: a profile template's condition" in r.stderr, r.stderr
     assert any(rule.get("args", []) is None for rule in profile["syscalls"])
-    # resolved as podman resolves it for a container without capabilities on x86-64
-    resolved = []
-    for rule in profile["syscalls"]:
-        inc, exc = rule.pop("includes", None) or {}, rule.pop("excludes", None) or {}
-        if not inc.get("caps") and (not inc.get("arches") or "amd64" in inc["arches"]) \
-                and "amd64" not in exc.get("arches", []):
-            resolved.append(rule)
-    profile["syscalls"] = resolved
+    profile = fixtures.engine_seccomp_profile()  # resolved as podman resolves it (no caps, x86-64)
     bundle = _bundle(make_bundle, profile, args=("sh", "-c", "grep -E '^Seccomp:' /proc/self/status; "
                                                  "mkdir /tmp/x && echo MKDIR-OK; unshare -m true 2>&1 | tail -1"))
     r = sandbox("run", bundle, "--root", tmp_path / "s")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[:2] == ["Seccomp:\t2", "MKDIR-OK"], r.stdout
+
+
+@pytest.mark.parametrize("verb", ["run", "create"])
+def test_a_profile_without_openat2_still_starts(verb, make_bundle, tmp_path):
+    """Allow-lists older than openat2 (runtime-tools' default profile is one) and no
+    no_new_privs: the filter is loaded before the user changes, so what we look up in the
+    image (cwd, HOME) is looked up before it. The container starts in its cwd, as under runc;
+    a created one too, and an exec'd process."""
+    profile = fixtures.engine_seccomp_profile()
+    for rule in profile["syscalls"]:
+        if rule["action"] == "SCMP_ACT_ALLOW":
+            rule["names"] = [n for n in rule["names"] if n != "openat2"]
+    bundle = _bundle(make_bundle, profile, nnp=False, args=("sh", "-c", "pwd; echo $HOME; sleep 30"))
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["cwd"] = "/tmp"
+    spec["process"]["env"] = [e for e in spec["process"]["env"] if not e.startswith("HOME=")]
+    if verb == "run":
+        spec["process"]["args"][-1] = spec["process"]["args"][-1].replace("; sleep 30", "")
+    (bundle / "config.json").write_text(json.dumps(spec))
+    if verb == "run":
+        ours = sandbox("run", bundle, "--root", tmp_path / "s")
+        theirs = subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "-b", str(bundle),
+                                 f"o2{os.getpid()}"], capture_output=True, text=True, timeout=60)
+        assert ours.returncode == 0 and ours.stdout == theirs.stdout == "/tmp\n/root\n", (ours, theirs)
+        return
+    out = tmp_path / "out"
+    with open(out, "w") as f:
+        assert subprocess.run([*fixtures_cli(), "--root", str(tmp_path / "s"), "create", "-b", str(bundle), "o2"],
+                              stdin=subprocess.DEVNULL, stdout=f, stderr=f, timeout=60).returncode == 0
+    try:
+        assert subprocess.run([*fixtures_cli(), "--root", str(tmp_path / "s"), "start", "o2"]).returncode == 0
+        r = subprocess.run([*fixtures_cli(), "--root", str(tmp_path / "s"), "exec", "o2", "sh", "-c", "pwd"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.stdout == "/tmp\n", r.stderr
+    finally:
+        subprocess.run([*fixtures_cli(), "--root", str(tmp_path / "s"), "delete", "-f", "o2"])
+    assert out.read_text().splitlines()[:2] == ["/tmp", "/root"]
+
+
+def fixtures_cli() -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "sandbox.cli"]
