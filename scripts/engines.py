@@ -102,10 +102,14 @@ class Engine:
         raise NotImplementedError
 
     def run(self, name: str, *cmd: str, gpu: bool = False, detach: bool = False, tty: bool = False,
-            rm: bool = True, runtime: str = "sandbox") -> list[str]:
+            rm: bool = True, runtime: str = "sandbox", memory: int | None = None) -> list[str]:
         """The argv of `ENGINE run` for ``cmd`` in our image (a container called ``name``),
-        with ``runtime`` (sandbox or runc) as the OCI runtime."""
+        with ``runtime`` (sandbox or runc) as the OCI runtime and a ``memory`` limit (bytes)."""
         flags = (["--rm"] if rm else []) + (["-d"] if detach else []) + (["-t"] if tty else [])
+        if memory is not None:
+            flags += ["--memory-limit" if self.name == "containerd" else "--memory", str(memory)]
+            if self.name == "containerd":  # ctr's spec mounts no cgroups: show the container its own
+                flags += ["--mount", "type=cgroup,src=cgroup,dst=/sys/fs/cgroup,options=ro:nosuid:nodev:noexec"]
         args = self.run_args(gpu, runtime)
         if self.name == "containerd":
             return [*self.prefix(runtime), "run", *flags, *args, IMAGE, name, *cmd]

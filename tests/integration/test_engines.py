@@ -67,6 +67,18 @@ def test_gpu_container(engine):
     assert "Seccomp:\t2" in out, out
 
 
+def test_gpu_container_under_the_default_profile_and_a_memory_limit(engine):
+    """The engine's default seccomp profile and a 64 MiB limit: the GPU checks still pass,
+    the limit reads back from the container's own cgroup, and `unshare -m` is refused."""
+    script = (f"{GPU_SCRIPT}; cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || "
+              "cat /sys/fs/cgroup/memory.max; unshare -m true 2>&1 || echo unshare-refused")
+    out = _ok(subprocess.run(engine.run("gpumem", "sh", "-c", script, gpu=True, memory=64 << 20),
+                             capture_output=True, text=True, timeout=120))
+    check_gpu_output(out)
+    assert "Seccomp:\t2" in out and str(64 << 20) in out.split(), out
+    assert "Operation not permitted" in out and "unshare-refused" in out, out
+
+
 def test_no_gpu_container_has_no_driver(engine):
     out = _ok(subprocess.run(engine.run("plain1", "sh", "-c", "ls /dev/nvidia* 2>&1; cudacheck; echo rc=$?"),
                              capture_output=True, text=True, timeout=120))
