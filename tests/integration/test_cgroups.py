@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -171,3 +172,59 @@ def test_no_device_rules_no_container(make_bundle, tmp_path):
     assert r.stderr.strip() == ("sandbox run: no devices cgroup here (a v1 devices controller, or cgroup v2) to "
                                 "restrict the container's device access: refusing to run it"), r.stderr
     assert not os.listdir(tmp_path / "s")
+
+
+INSIDE = ("mkdir /tmp/x 2>&1 | tail -1; cat /sys/fs/cgroup/memory/memory.limit_in_bytes; "
+          "sh -c 'while :; do sleep 5 & done' 2>/dev/null; "  # a fork bomb: stops at pids.max
+          "set -- /proc/[0-9]*; echo forks=$#; kill -9 -1; "  # builtins: no pid left to fork
+          "mknod /dev/disk b 8 0 && (head -c 1 /dev/disk >/dev/null 2>&1 && echo DISK-READ || echo disk-denied); "
+          "head -c 1 /dev/nvidiactl 2>&1 | grep -c 'No such device or address'; "
+          "echo masked=$(wc -c < /proc/version); cat /proc/sys/net/ipv4/ip_forward")
+
+
+@pytest.mark.parametrize("verb", ["run", "create"])
+def test_isolation_seen_from_inside(verb, make_bundle, tmp_path, driver_root):
+    """Everything at once, in `sandbox run` and in create/start: a seccomp-denied mkdir is
+    EPERM, memory.limit_in_bytes reads the limit, pids.max stops a fork bomb, a disk made
+    with mknod cannot be opened while a GPU node can (ENXIO: no driver behind it), a masked
+    path is empty, a sysctl is set."""
+    bundle = make_bundle(["sh", "-c", INSIDE], ["NVIDIA_VISIBLE_DEVICES=0"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["capabilities"] = {k: ["CAP_MKNOD", "CAP_KILL"] for k in ("bounding", "effective", "permitted")}
+    spec["process"]["noNewPrivileges"] = True
+    spec["linux"]["seccomp"] = {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+        {"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO"}]}
+    spec["linux"]["resources"] = {"devices": [{"allow": False, "access": "rwm"}],
+                                  "memory": {"limit": 67108864}, "pids": {"limit": 16}}
+    spec["linux"]["sysctl"] = {"net.ipv4.ip_forward": "1"}
+    spec["linux"]["maskedPaths"] = ["/proc/version"]
+    spec["linux"]["cgroupsPath"] = f"/sandbox-test-{os.getpid()}/{bundle.name}"
+    spec["mounts"].append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid"]})
+    (bundle / "config.json").write_text(json.dumps(spec))
+    root = str(tmp_path / "s")
+    if verb == "run":
+        r = sandbox("run", bundle, "--root", root, "--driver-root", driver_root)
+        assert r.returncode == 0, r.stderr
+        out = r.stdout
+    else:
+        log = tmp_path / "out"
+        with open(log, "w") as f:
+            assert subprocess.run([*_cli(), "--root", root, "--driver-root", str(driver_root), "create", "-b",
+                                   str(bundle), "iso1"], stdin=subprocess.DEVNULL, stdout=f, stderr=f,
+                                  timeout=60).returncode == 0
+        try:
+            assert subprocess.run([*_cli(), "--root", root, "start", "iso1"]).returncode == 0
+            for _ in range(200):  # until its last line
+                if len(log.read_text().split("\n")) > 7:
+                    break
+                time.sleep(0.05)
+        finally:
+            subprocess.run([*_cli(), "--root", root, "delete", "--force", "iso1"])
+        out = log.read_text()
+    lines = out.split("\n")
+    assert lines[0] == "mkdir: can't create directory '/tmp/x': Operation not permitted", out
+    assert lines[1] == "67108864", out
+    forks = int(lines[2].removeprefix("forks="))
+    assert 0 < forks <= 16, out  # every process the container has, counted from inside
+    assert lines[3:7] == ["disk-denied", "1", "masked=0", "1"], out
+    assert not any(os.path.exists(d) for d in _cgroup_dirs(bundle))
