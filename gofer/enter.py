@@ -75,7 +75,7 @@ def spawn(init: int, proc: Process, console: socket.socket | None = None, preser
     child = os.fork()
     if child == 0:
         os.close(r)
-        _child(fds, proc, console, preserve_fds, w, seccomp, cgroups, personality)  # never returns
+        _child(fds, proc, console, preserve_fds, w, seccomp, cgroups, personality, init)  # never returns
     os.close(w)
     for fd, _, _ in fds:
         os.close(fd)
@@ -115,7 +115,7 @@ def _start_time(pdir: int) -> int | None:
 
 
 def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Seccomp | None,
-           cgroups: list[str], personality: Personality | None) -> None:
+           cgroups: list[str], personality: Personality | None, init_pid: int) -> None:
     code = 1
     try:
         prctl.set_dumpable(False)  # as the gofer: see gofer/main.py (CVE-2019-5736)
@@ -133,10 +133,16 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
         for fd, flag, name in fds:
             sc.setns(fd, flag, what=f"the container's {name} namespace")
             os.close(fd)
+        tell_r, tell_w = os.pipe2(os.O_CLOEXEC) if filt is not None and filt.listener else (None, None)
         pid = os.fork()
         if pid:
             os.write(w, f"pid {pid}\n".encode())
+            if tell_w is not None:  # the pid a seccomp agent needs is the host's: only we see it
+                os.write(tell_w, str(pid).encode())
             os._exit(0)
+        if tell_r is not None:
+            filt.pid = int(os.read(tell_r, 32))
+            filt.state = {"ociVersion": "1.0.2", "status": "running", "pid": init_pid}
         if console is not None:
             process.open_console(console, proc)
         entry = process.look_up(proc)

@@ -12,6 +12,7 @@ import signal
 import socket
 import time
 
+import msgspec
 import prctl
 
 from gofer import gpu, process, protocol, rootfs, seccomp, userns
@@ -191,6 +192,8 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         s.args["overlays"] = len(root.overlays)
         s.args["created"] = root.created
     state = _hook_state(start, host_pid)
+    if filt is not None:  # what a seccomp agent is told with the notification fd
+        filt.pid, filt.state = host_pid, msgspec.json.decode(state)
     if start.hooks_pause:
         # prestart and createRuntime run in the runtime's namespaces: the supervisor runs them
         # while we wait here, after the mounts and before pivot_root.

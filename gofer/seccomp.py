@@ -5,11 +5,19 @@ Syscall names that libseccomp or this kernel's architecture does not know are sk
 profile names syscalls of every kernel); a rule whose action is the default is skipped (it
 would change nothing, and libseccomp refuses it). Comparisons on the same argument cannot be
 ANDed by the kernel's filter: such a rule becomes one rule per comparison, as runc makes it.
+
+SCMP_ACT_NOTIFY: once the filter is loaded, its notification fd goes to the agent listening
+at ``listenerPath`` (connected while the host's paths are visible), with the runtime spec's
+container process state: ``{"ociVersion", "fds": ["seccompFd"], "pid", "metadata", "state"}``.
 """
 
 from __future__ import annotations
 
 import errno
+import os
+import socket
+
+import msgspec
 
 from gofer import syscalls as sc
 from mounts.errors import SandboxError
@@ -26,8 +34,42 @@ def action(name: str, errno_ret: int | None) -> int:
     return code
 
 
-def compile_filter(spec: Seccomp) -> sc.Seccomp:
-    """The filter context, ready to load. Errors name the field (one line)."""
+class Filter:
+    """A compiled filter, and the agent its notifications go to (if any)."""
+
+    def __init__(self, ctx: sc.Seccomp, spec: Seccomp):
+        self.ctx = ctx
+        self.metadata = spec.listener_metadata or ""
+        self.listener = None
+        self.state: dict = {}
+        self.pid = 0  # the process the filter is for, as the host sees it
+        if spec.listener_path:
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                self.listener.connect(spec.listener_path)
+            except OSError as e:
+                self.listener.close()
+                raise SandboxError(f"linux.seccomp.listenerPath {spec.listener_path}: cannot connect: {e.strerror}",
+                                   op="connect", path=spec.listener_path) from None
+
+    def load(self) -> None:
+        self.ctx.load()
+        if self.listener is None:
+            return
+        fd = self.ctx.notify_fd()
+        msg = {"ociVersion": "1.0.2", "fds": ["seccompFd"], "pid": self.pid, "metadata": self.metadata,
+               "state": self.state}
+        try:
+            socket.send_fds(self.listener, [msgspec.json.encode(msg)], [fd])
+        except OSError as e:
+            raise SandboxError(f"linux.seccomp.listenerPath: cannot send the notification fd: {e.strerror}") from None
+        finally:
+            os.close(fd)
+            self.listener.close()
+
+
+def compile_filter(spec: Seccomp) -> Filter:
+    """The filter, ready to load. Errors name the field (one line)."""
     try:
         default = action(spec.default_action, spec.default_errno_ret)
         filt = sc.Seccomp(default)
@@ -50,6 +92,6 @@ def compile_filter(spec: Seccomp) -> sc.Seccomp:
                     continue
                 for group in groups:
                     filt.add_rule(act, nr, group, f"linux.seccomp.syscalls[{i}] {name}")
-        return filt
+        return Filter(filt, spec)
     except OSError as e:
         raise SandboxError(f"linux.seccomp: {e}", op="seccomp", path="linux.seccomp") from None

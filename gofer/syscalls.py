@@ -436,7 +436,7 @@ SCMP_FLTATR_CTL_LOG = 6
 SCMP_FLTATR_CTL_SSB = 7
 SCMP_ACT = {"SCMP_ACT_KILL": 0x00000000, "SCMP_ACT_KILL_THREAD": 0x00000000, "SCMP_ACT_KILL_PROCESS": 0x80000000,
             "SCMP_ACT_TRAP": 0x00030000, "SCMP_ACT_ERRNO": 0x00050000, "SCMP_ACT_TRACE": 0x7FF00000,
-            "SCMP_ACT_ALLOW": 0x7FFF0000, "SCMP_ACT_LOG": 0x7FFC0000}
+            "SCMP_ACT_ALLOW": 0x7FFF0000, "SCMP_ACT_LOG": 0x7FFC0000, "SCMP_ACT_NOTIFY": 0x7FC00000}
 SCMP_CMP = {"SCMP_CMP_NE": 1, "SCMP_CMP_LT": 2, "SCMP_CMP_LE": 3, "SCMP_CMP_EQ": 4, "SCMP_CMP_GE": 5,
             "SCMP_CMP_GT": 6, "SCMP_CMP_MASKED_EQ": 7}
 NR_SCMP_ERROR = -1
@@ -473,6 +473,7 @@ class Seccomp:
             lib.seccomp_attr_set.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
             lib.seccomp_attr_set.restype = ctypes.c_int
             lib.seccomp_load.argtypes, lib.seccomp_load.restype = [ctypes.c_void_p], ctypes.c_int
+            lib.seccomp_notify_fd.argtypes, lib.seccomp_notify_fd.restype = [ctypes.c_void_p], ctypes.c_int
             cls._lib = lib
         return cls._lib
 
@@ -513,3 +514,7 @@ class Seccomp:
     def load(self) -> None:
         """Install the filter on this thread (needs no_new_privs or CAP_SYS_ADMIN)."""
         self._check(self._l.seccomp_load(self.ctx), "seccomp_load", "the container's filter")
+
+    def notify_fd(self) -> int:
+        """The user-notification fd of the loaded filter (one with SCMP_ACT_NOTIFY rules)."""
+        return self._check(self._l.seccomp_notify_fd(self.ctx), "seccomp_notify_fd", "the container's filter")

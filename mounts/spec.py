@@ -484,8 +484,10 @@ def _validate_seccomp(sc: Seccomp, path: str, check) -> None:
     for field, action in actions:
         if action not in SECCOMP_ACTIONS:
             raise BundleError(f"{path}: {field}: unknown action {action!r}")
-        if action == "SCMP_ACT_NOTIFY":  # needs a listener of the caller's; we have none to offer
-            raise BundleError(f"{path}: {field}: SCMP_ACT_NOTIFY is not supported")
+        if action == "SCMP_ACT_NOTIFY" and field.endswith("defaultAction"):  # (runc's rule)
+            raise BundleError(f"{path}: {field}: SCMP_ACT_NOTIFY cannot be the default action")
+        if action == "SCMP_ACT_NOTIFY" and not sc.listener_path:
+            raise BundleError(f"{path}: {field}: SCMP_ACT_NOTIFY needs linux.seccomp.listenerPath")
     for flag in sc.flags:
         if flag not in SECCOMP_FLAGS:
             raise BundleError(f"{path}: {where}.flags: unknown flag {flag!r}")

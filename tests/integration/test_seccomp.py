@@ -89,7 +89,9 @@ def sandbox_argv() -> list[str]:
     ({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["mkdir"], "action": "SCMP_ACT_ERRNO",
                                                        "args": [{"index": 9, "op": "SCMP_CMP_EQ"}]}]},
      ["args[0].index"]),
-    ({"defaultAction": "SCMP_ACT_NOTIFY"}, ["SCMP_ACT_NOTIFY is not supported"]),
+    ({"defaultAction": "SCMP_ACT_NOTIFY"}, ["SCMP_ACT_NOTIFY cannot be the default action"]),
+    ({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["mkdir"], "action": "SCMP_ACT_NOTIFY"}]},
+     ["syscalls[0].action", "needs linux.seccomp.listenerPath"]),
     ({"defaultAction": "SCMP_ACT_ALLOW", "flags": ["SECCOMP_FILTER_FLAG_BOGUS"]}, ["unknown flag"]),
 ])
 def test_bad_profiles_are_one_line(bad, words, make_bundle, tmp_path):
@@ -163,3 +165,61 @@ def fixtures_cli() -> list[str]:
     import sys
 
     return [sys.executable, "-m", "sandbox.cli"]
+
+
+# struct seccomp_notif (80 bytes) and seccomp_notif_resp (24): linux/seccomp.h
+NOTIF_RECV, NOTIF_SEND = 0xC0502100, 0xC0182101
+
+
+def _agent(sock_path: str, answers: list, ready) -> None:
+    """A seccomp agent (what runtime-spec's listenerPath names): receive the container's
+    notification fd with its state, answer each notified syscall with EXDEV."""
+    import fcntl
+    import socket
+    import struct
+
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(sock_path)
+    srv.listen(1)
+    ready.set()
+    conn, _ = srv.accept()
+    msg, fds, _, _ = socket.recv_fds(conn, 65536, 1)
+    answers.append(json.loads(msg))
+    fd = fds[0]
+    while True:
+        req = bytearray(80)
+        try:
+            fcntl.ioctl(fd, NOTIF_RECV, req)
+        except OSError:
+            break  # the filter's last process is gone
+        notif_id, pid, _flags, nr = struct.unpack_from("<QIIi", req)
+        answers.append(("syscall", nr, pid))
+        fcntl.ioctl(fd, NOTIF_SEND, bytearray(struct.pack("<QqiI", notif_id, 0, -18, 0)))  # -EXDEV
+    os.close(fd)
+    conn.close()
+    srv.close()
+
+
+@pytest.mark.parametrize("nnp", [True, False], ids=["no_new_privs", "privs"])
+def test_notify_goes_to_the_agent_at_listener_path(nnp, make_bundle, tmp_path):
+    """SCMP_ACT_NOTIFY: the agent gets the fd and the container process state (the pid as the
+    host sees it, the metadata, the container's state), and its answer is what mkdir returns."""
+    import threading
+
+    path = str(tmp_path / "agent.sock")
+    answers: list = []
+    ready = threading.Event()
+    agent = threading.Thread(target=_agent, args=(path, answers, ready), daemon=True)
+    agent.start()
+    ready.wait(5)
+    profile = {"defaultAction": "SCMP_ACT_ALLOW", "listenerPath": path, "listenerMetadata": "from-the-test",
+               "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_NOTIFY"}]}
+    bundle = _bundle(make_bundle, profile, nnp=nnp, args=("sh", "-c", "mkdir /tmp/n 2>&1; echo done"))
+    r = sandbox("run", bundle, "--root", tmp_path / "s", "--id", "notify1")
+    agent.join(10)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["mkdir: can't create directory '/tmp/n': Invalid cross-device link", "done"]
+    state = answers[0]
+    assert state["fds"] == ["seccompFd"] and state["metadata"] == "from-the-test", state
+    assert state["state"]["id"] == "notify1" and state["state"]["pid"] == state["pid"] > 0, state
+    assert [a[0] for a in answers[1:]] == ["syscall"], answers
