@@ -354,6 +354,14 @@ def parse_spec(data: bytes, path: str = "config.json") -> Spec:
     return spec
 
 
+def _valid_oci_version(v: str) -> bool:
+    """1.MINOR.PATCH, with a pre-release tag if any (1.0.2-dev): what engines write."""
+    core, _, tag = v.partition("-")
+    parts = core.split(".")
+    return (len(parts) == 3 and parts[0] == "1" and all(p.isascii() and p.isdigit() for p in parts)
+            and (not tag or tag.replace(".", "").replace("-", "").isalnum()))
+
+
 def validate(spec: Spec, path: str) -> None:
     """What msgspec's types cannot say: the numeric ranges the kernel takes (runc's types
     are uint32 and uint64; a bigger number is an error here, never an overflow later)."""
@@ -361,6 +369,8 @@ def validate(spec: Spec, path: str) -> None:
         if not lo <= value <= hi:
             raise BundleError(f"{path}: {field}: {value} is out of range ({lo}..{hi})")
 
+    if not _valid_oci_version(spec.oci_version):
+        raise BundleError(f"{path}: ociVersion: {spec.oci_version!r} is not a version 1.x.y of the runtime spec")
     proc = spec.process
     if proc is not None:
         check(proc.user.uid, 0, UINT32_MAX, "process.user.uid")

@@ -38,7 +38,8 @@ def test_no_gpu_prints_empty_plan(make_bundle):
     ('{"ociVersion": "1", "root": {"path": 5}}', r"config.json: Expected `str`, got `int` - at `\$.root.path`"),
     ('{"ociVersion": "1", "root": {"path": "rootfs"}, "process": {"args": "sh"}}',
      r"at `\$.process.args`"),
-    ('{"ociVersion": "1", "root": {"path": "missing"}}', "root.path 'missing' is not a directory"),
+    ('{"ociVersion": "1.0.2", "root": {"path": "missing"}}', "root.path 'missing' is not a directory"),
+    ('{"ociVersion": "invalid", "root": {"path": "rootfs"}}', "ociVersion: 'invalid' is not a version 1.x.y"),
 ])
 def test_bad_bundle_exit_2(tmp_path, content, message):
     if content is not None:
