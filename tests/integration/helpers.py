@@ -66,3 +66,20 @@ def alive(pid: int) -> bool:
             return f.read().split(") ")[1][0] != "Z"
     except OSError:
         return False
+
+
+CLI = [sys.executable, "-m", "sandbox.cli"]
+
+
+def create(root, bundle, cid: str, *global_args, log=None) -> subprocess.CompletedProcess:
+    """`sandbox create`, its stdio to ``log`` (a file): a created init keeps create's stdio,
+    and a pipe would end only with the container."""
+    with open(log or os.devnull, "w") as out:
+        return subprocess.run([*CLI, "--root", str(root), *map(str, global_args), "create", "-b", str(bundle), cid],
+                              stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=60)
+
+
+def runc_run(bundle, state_dir, name: str) -> subprocess.CompletedProcess:
+    """`runc run` of the same bundle, for side-by-side checks."""
+    return subprocess.run(["runc", "--root", str(state_dir), "run", "-b", str(bundle), name],
+                          capture_output=True, text=True, timeout=60)

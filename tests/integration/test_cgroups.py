@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.integration.helpers import sandbox
+from tests.integration.helpers import create, runc_run, sandbox
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root"),
               pytest.mark.skipif(not os.path.isdir("/sys/fs/cgroup/memory"), reason="needs cgroup v1")]
@@ -116,8 +116,7 @@ def test_block_io_throttle_as_under_runc(make_bundle, tmp_path):
     spec["linux"]["cgroupsPath"] = f"/sandbox-test-{os.getpid()}/{bundle.name}"
     (bundle / "config.json").write_text(json.dumps(spec))
     ours = sandbox("run", bundle, "--root", tmp_path / "ours")
-    theirs = subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "-b", str(bundle), f"bio{os.getpid()}"],
-                            capture_output=True, text=True, timeout=60)
+    theirs = runc_run(bundle, tmp_path / "runc", f"bio{os.getpid()}")
     assert ours.returncode == 0 and theirs.returncode == 0, (ours.stderr, theirs.stderr)
     assert ours.stdout.split("\n")[:2] == [f"{major}:{minor} 1048576", f"{major}:{minor} 100"], ours.stdout
     assert ours.stdout == theirs.stdout
@@ -151,8 +150,7 @@ def test_the_container_sees_only_its_own_cgroups_as_under_runc(make_bundle, tmp_
     spec["linux"]["cgroupsPath"] = f"/sandbox-test-{os.getpid()}/{bundle.name}"
     (bundle / "config.json").write_text(json.dumps(spec))
     ours = sandbox("run", bundle, "--root", tmp_path / "ours")
-    theirs = subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "-b", str(bundle), f"own{os.getpid()}"],
-                            capture_output=True, text=True, timeout=60)
+    theirs = runc_run(bundle, tmp_path / "runc", f"own{os.getpid()}")
     assert ours.returncode == 0 and theirs.returncode == 0, (ours.stderr, theirs.stderr)
     assert f"name=systemd:/sandbox-test-{os.getpid()}/{bundle.name}" in ours.stdout
     assert "unified" not in ours.stdout.split()
@@ -208,10 +206,7 @@ def test_isolation_seen_from_inside(verb, make_bundle, tmp_path, driver_root):
         out = r.stdout
     else:
         log = tmp_path / "out"
-        with open(log, "w") as f:
-            assert subprocess.run([*_cli(), "--root", root, "--driver-root", str(driver_root), "create", "-b",
-                                   str(bundle), "iso1"], stdin=subprocess.DEVNULL, stdout=f, stderr=f,
-                                  timeout=60).returncode == 0
+        assert create(root, bundle, "iso1", "--driver-root", driver_root, log=log).returncode == 0
         try:
             assert subprocess.run([*_cli(), "--root", root, "start", "iso1"]).returncode == 0
             for _ in range(200):  # until its last line

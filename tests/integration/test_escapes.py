@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.integration.helpers import mount_table, tree
+from tests.integration.helpers import CLI, create, mount_table, tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -124,11 +124,9 @@ def test_a_container_that_may_ptrace_sees_no_host_interpreter(caps, make_bundle,
     spec = json.loads((bundle / "config.json").read_text())
     spec["process"]["capabilities"] = {k: caps for k in ("bounding", "effective", "permitted")}
     (bundle / "config.json").write_text(json.dumps(spec))
-    root = str(tmp_path / "state")
-    cli = [sys.executable, "-m", "sandbox.cli", "--root", root]
-    with open(tmp_path / "out", "w") as out:
-        assert subprocess.run([*cli, "create", "-b", str(bundle), "pt1"], stdin=subprocess.DEVNULL, stdout=out,
-                              stderr=out, timeout=60).returncode == 0
+    root = tmp_path / "state"
+    cli = [*CLI, "--root", str(root)]
+    assert create(root, bundle, "pt1").returncode == 0
     try:
         # pid 1 waits for start: still our Python. The exec'd shell looks at it.
         r = subprocess.run([*cli, "exec", "pt1", "sh", "-c", "readlink /proc/1/exe || echo unreadable; "

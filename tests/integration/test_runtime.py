@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from tests.integration import helpers
 from tests.integration.helpers import alive, mount_table, sandbox, tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
@@ -381,9 +382,9 @@ def test_start_container_hooks_run_under_the_containers_filter_as_under_runc(mak
     spec["mounts"].append({"destination": "/root", "type": "bind", "source": str(out), "options": ["rbind"]})
     (bundle / "config.json").write_text(json.dumps(spec))
     seen = []
-    for cmd in ([sys.executable, "-m", "sandbox.cli", "--root", str(tmp_path / "s"), "run", "-b", str(bundle), "sc1"],
-                ["runc", "--root", str(tmp_path / "runc"), "run", "-b", str(bundle), f"sc{os.getpid()}"]):
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    for r in (subprocess.run([*helpers.CLI, "--root", str(tmp_path / "s"), "run", "-b", str(bundle), "sc1"],
+                             capture_output=True, text=True, timeout=60),
+              helpers.runc_run(bundle, tmp_path / "runc", f"sc{os.getpid()}")):
         assert r.returncode == 0, r.stderr
         seen.append((out / "hook.out").read_text().split())
     assert seen[0] == ["NoNewPrivs:", "1", "Seccomp:", "2", "mkdir-denied"] and seen[0] == seen[1], seen
@@ -394,10 +395,7 @@ def test_a_created_init_that_cannot_exec_says_why_on_its_stderr(make_bundle, tmp
     stderr (the engine's log of it), not nowhere."""
     bundle = make_bundle(["/no/such/program"])
     out = tmp_path / "init.out"
-    with open(out, "w") as f:
-        assert subprocess.run([sys.executable, "-m", "sandbox.cli", "--root", str(tmp_path / "state"), "create",
-                               "--bundle", str(bundle), "nx1"], stdin=subprocess.DEVNULL, stdout=f, stderr=f,
-                              timeout=60).returncode == 0
+    assert helpers.create(tmp_path / "state", bundle, "nx1", log=out).returncode == 0
     try:
         assert rt(tmp_path, "start", "nx1").returncode == 0
         wait_status(tmp_path, "nx1", "stopped")

@@ -11,7 +11,7 @@ import subprocess
 import fixtures
 import pytest
 
-from tests.integration.helpers import sandbox
+from tests.integration.helpers import CLI, create, runc_run, sandbox
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -143,30 +143,19 @@ def test_a_profile_without_openat2_still_starts(verb, make_bundle, tmp_path):
     (bundle / "config.json").write_text(json.dumps(spec))
     if verb == "run":
         ours = sandbox("run", bundle, "--root", tmp_path / "s")
-        theirs = subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "-b", str(bundle),
-                                 f"o2{os.getpid()}"], capture_output=True, text=True, timeout=60)
+        theirs = runc_run(bundle, tmp_path / "runc", f"o2{os.getpid()}")
         assert ours.returncode == 0 and ours.stdout == theirs.stdout == "/tmp\n/root\n", (ours, theirs)
         return
-    out = tmp_path / "out"
-    with open(out, "w") as f:
-        assert subprocess.run([*fixtures_cli(), "--root", str(tmp_path / "s"), "create", "-b", str(bundle), "o2"],
-                              stdin=subprocess.DEVNULL, stdout=f, stderr=f, timeout=60).returncode == 0
+    out, root = tmp_path / "out", tmp_path / "s"
+    assert create(root, bundle, "o2", log=out).returncode == 0
     try:
-        assert subprocess.run([*fixtures_cli(), "--root", str(tmp_path / "s"), "start", "o2"]).returncode == 0
-        r = subprocess.run([*fixtures_cli(), "--root", str(tmp_path / "s"), "exec", "o2", "sh", "-c", "pwd"],
+        assert subprocess.run([*CLI, "--root", str(root), "start", "o2"]).returncode == 0
+        r = subprocess.run([*CLI, "--root", str(root), "exec", "o2", "sh", "-c", "pwd"],
                            capture_output=True, text=True, timeout=60)
         assert r.stdout == "/tmp\n", r.stderr
     finally:
-        subprocess.run([*fixtures_cli(), "--root", str(tmp_path / "s"), "delete", "-f", "o2"])
+        subprocess.run([*CLI, "--root", str(root), "delete", "-f", "o2"])
     assert out.read_text().splitlines()[:2] == ["/tmp", "/root"]
-
-
-def fixtures_cli() -> list[str]:
-    import sys
-
-    return [sys.executable, "-m", "sandbox.cli"]
-
-
 # struct seccomp_notif (80 bytes) and seccomp_notif_resp (24): linux/seccomp.h
 NOTIF_RECV, NOTIF_SEND = 0xC0502100, 0xC0182101
 

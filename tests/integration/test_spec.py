@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import fixtures
 import pytest
 
-from tests.integration.helpers import mount_table, sandbox
+from tests.integration.helpers import create, mount_table, sandbox
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -115,7 +114,6 @@ def test_accepts_what_runc_and_crun_spec_write(tool, tmp_path, rootfs_debian):
     reached through a symlink is refused, as runc refuses it): terminal true (no console
     socket: the caller's stdio is used) and args ["sh"], which exits at once on an empty stdin."""
     import json
-    import subprocess
 
     bundle = tmp_path / "bundle"
     bundle.mkdir()
@@ -129,7 +127,6 @@ def test_accepts_what_runc_and_crun_spec_write(tool, tmp_path, rootfs_debian):
 
 
 def test_symlinked_rootfs_is_refused_as_runc_refuses_it(make_bundle, tmp_path, rootfs_debian):
-    import subprocess
 
     bundle = make_bundle(["true"])
     (bundle / "rootfs").symlink_to(rootfs_debian)
@@ -169,7 +166,6 @@ def test_gpu_scratch_is_capped(make_bundle, tmp_path, rootfs_debian, driver_root
 
 def test_sysctl_and_oom_score_adj_as_under_runc(make_bundle, tmp_path):
     import json
-    import subprocess
 
     bundle = make_bundle(["sh", "-c", "cat /proc/sys/net/ipv4/ip_forward /proc/self/oom_score_adj"])
     spec = json.loads((bundle / "config.json").read_text())
@@ -201,9 +197,7 @@ def test_scheduler_io_priority_and_personality(make_bundle, tmp_path):
     spec["linux"]["personality"] = {"domain": "LINUX32"}
     (bundle / "config.json").write_text(json.dumps(spec))
     root = tmp_path / "state"
-    with open(tmp_path / "out", "w") as out:  # the created init holds its stdio: no pipes
-        assert subprocess.run([sys.executable, "-m", "sandbox.cli", "--root", str(root), "create", "-b", str(bundle),
-                               "sched1"], stdin=subprocess.DEVNULL, stdout=out, stderr=out).returncode == 0
+    assert create(root, bundle, "sched1").returncode == 0
     try:
         pid = json.loads(sandbox("--root", root, "state", "sched1").stdout)["pid"]
         libc = ctypes.CDLL(None, use_errno=True)

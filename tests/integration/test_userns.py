@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from tests.integration.helpers import mount_table, sandbox, tree
+from tests.integration.helpers import CLI, create, mount_table, runc_run, sandbox, tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -34,8 +33,7 @@ def test_run_in_a_mapped_user_namespace_as_under_runc(make_bundle, tmp_path, roo
     bundle = _bundle(make_bundle, ["sh", "-c", PROBE])
     before = (mount_table(), tree(rootfs_debian))
     ours = sandbox("run", bundle, "--root", tmp_path / "s")
-    theirs = subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "-b", str(bundle), f"un{os.getpid()}"],
-                            capture_output=True, text=True, timeout=60)
+    theirs = runc_run(bundle, tmp_path / "runc", f"un{os.getpid()}")
     assert ours.returncode == 0 and theirs.returncode == 0, (ours.stderr, theirs.stderr)
     lines, runc_lines = ours.stdout.splitlines(), theirs.stdout.splitlines()
     assert lines[0].split() == lines[1].split() == ["0", "100000", "65536"]
@@ -76,11 +74,9 @@ def test_container_root_is_not_the_hosts(make_bundle, tmp_path):
 
 def test_create_exec_delete(make_bundle, tmp_path):
     bundle = _bundle(make_bundle, ["sleep", "30"])
-    root = str(tmp_path / "state")
-    cli = [sys.executable, "-m", "sandbox.cli", "--root", root]
-    with open(tmp_path / "out", "w") as out:
-        assert subprocess.run([*cli, "create", "-b", str(bundle), "u1"], stdin=subprocess.DEVNULL, stdout=out,
-                              stderr=out, timeout=60).returncode == 0
+    root = tmp_path / "state"
+    cli = [*CLI, "--root", str(root)]
+    assert create(root, bundle, "u1").returncode == 0
     try:
         assert subprocess.run([*cli, "start", "u1"], timeout=60).returncode == 0
         pid = json.loads(subprocess.run([*cli, "state", "u1"], capture_output=True, text=True).stdout)["pid"]
