@@ -15,7 +15,7 @@ from gofer import gpu
 from gofer import syscalls as sc
 from gofer.cgroups import allow_devices
 from gofer.root import Root
-from mounts.actions import Action, Device
+from mounts.actions import Action, Device, ProcFs
 from mounts.errors import SandboxError
 
 
@@ -55,6 +55,8 @@ def apply_plan(actions: Iterable[Action], rootfs: str, pid: int | None = None) -
     root = Root(rootfs)
     n = 0
     try:
+        root.adopt_tmpfs("/dev")
+        root.prepare([a.target for a in actions if not isinstance(a, ProcFs)])
         for action in actions:
             gpu.apply(root, action)
             n += 1

@@ -61,6 +61,14 @@ def _mounts_below(host_dir: str) -> list[str]:
     return out
 
 
+def _is_plain(dirfd: int, name: str) -> bool:
+    """Whether ``name`` exists in ``dirfd`` and is not a link (a link gets replaced)."""
+    try:
+        return not stat.S_ISLNK(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
 # Module-level switch so tests can exercise the fallback (mount(2) + remount) path too.
 USE_MOUNT_API = True
 
@@ -143,6 +151,62 @@ class Root:
         finally:
             for fd in stack:
                 os.close(fd)
+
+    def prepare(self, unsafe_paths: list[str]) -> None:
+        """For an embedded root, which knows every target before it starts: overlay now each
+        image directory that will need a new entry, parents first. Else a parent overlaid
+        later (/usr/lib for the firmware, after /usr/lib/x86_64-linux-gnu for the libraries)
+        hides the child's overlay and every bind in it, which are then cloned back on top:
+        twice the mounts for the same files."""
+        wanted: dict[str, tuple[int, str]] = {}  # real path -> (fd, unsafe path)
+        for path in unsafe_paths:
+            parts = [p for p in path.split("/") if p not in ("", ".")]
+            for depth in range(len(parts) - 1, -1, -1):
+                head = "/" + "/".join(parts[:depth])
+                try:
+                    fd = self.open(head, O_PATH_DIR)
+                except OSError:
+                    continue  # missing (or not a directory: the action will say so)
+                if depth == len(parts) - 1 and parts and _is_plain(fd, parts[-1]):
+                    os.close(fd)  # the target is there already: nothing to add in its parent
+                    break
+                real = os.readlink(sc.fdpath(fd))
+                if real in wanted:
+                    os.close(fd)
+                else:
+                    wanted[real] = (fd, head)
+                break
+        chosen: list[str] = []
+        for real in sorted(wanted, key=lambda r: r.count("/")):
+            fd, head = wanted[real]
+            if not any(real.startswith(c.rstrip("/") + "/") for c in chosen):
+                chosen.append(real)
+                self.writable(fd, head)
+            os.close(fd)
+
+    def adopt_tmpfs(self, unsafe_path: str) -> None:
+        """Write directly into the directory ``unsafe_path`` if it is a whole tmpfs mounted
+        there by the container's runtime (runc's /dev): it is the container's own, not the
+        image, and an overlay would hide its devpts, shm and mqueue."""
+        try:
+            fd = self.open(unsafe_path, O_PATH_DIR)
+        except OSError:
+            return
+        try:
+            with open(f"/proc/self/fdinfo/{fd}") as f:
+                mnt_id = next(line.split()[1] for line in f if line.startswith("mnt_id:"))
+            real = os.readlink(sc.fdpath(fd))
+            with open("/proc/self/mountinfo") as f:
+                for line in f:
+                    left, _, right = line.partition(" - ")
+                    fields = left.split()
+                    if fields[0] == mnt_id:
+                        if right.split()[0] == "tmpfs" and fields[3] == "/" and _unescape(fields[4]) == real \
+                                and "ro" not in fields[5].split(","):
+                            self.mark_writable(fd)
+                        break
+        finally:
+            os.close(fd)
 
     def mark_writable(self, fd: int) -> None:
         """Entries may be created in the filesystem of ``fd`` (a tmpfs the spec mounted)."""

@@ -188,3 +188,31 @@ def test_lib64_rootfs_through_the_hook(make_bundle, driver_root, tmp_path, rootf
     check_gpu_output(r.stdout + r.stderr)
     assert "/usr/lib64/libcuda.so.1" in r.stdout
     assert (mount_table(), tree(rootfs_lib64)) == before
+
+
+@pytest.mark.parametrize("runtime", ["runc", "crun"])
+def test_hook_makes_no_redundant_mounts(runtime, make_bundle, driver_root, tmp_path):
+    """The mounts the hook adds: one per file of the plan, the ld.so.cache bind, and one
+    overlay per image directory that gains entries, parents first (a /usr/lib overlay made
+    after the lib dir's used to hide it and clone its binds back: 36 mounts, not 22). The
+    runtime's /dev tmpfs is written directly, not overlaid."""
+    script = "cat /proc/self/mountinfo"
+    plain = make_bundle(["sh", "-c", script], ["NVIDIA_VISIBLE_DEVICES=all"])
+    hooked = make_bundle(["sh", "-c", script], ["NVIDIA_VISIBLE_DEVICES=all"])
+    install(hooked, driver_root, "--stage", "createRuntime")
+    run = runc if runtime == "runc" else crun
+    points = []
+    for bundle, name in ((plain, "m1"), (hooked, "m2")):
+        r = run(bundle, tmp_path / "state", name)
+        assert r.returncode == 0, r.stderr
+        points.append([(line.split()[4], line.partition(" - ")[2].split()[0]) for line in r.stdout.splitlines()])
+    added = [p for p in points[1] if p not in points[0]]
+    assert len(points[1]) == len(set(points[1])), "a mount point mounted twice"
+    plan = json.loads(sandbox("plan", hooked, "--driver-root", driver_root, "--json").stdout)
+    files = [a["target"] for a in plan["actions"] if a["kind"] in ("library", "binary", "firmware", "device", "ipc")]
+    overlays = sorted(p for p, fstype in added if fstype == "overlay")
+    # parents first: no overlay below another (/lib links to usr/lib: firmware and libraries
+    # share /usr/lib's; the persistenced socket's /var is missing, so "/" takes it all here)
+    assert overlays and not [(a, b) for a in overlays for b in overlays
+                             if a != b and b.startswith(a.rstrip("/") + "/")], added
+    assert len(added) == len(files) + 1 + len(overlays), added  # + the ld.so.cache bind
