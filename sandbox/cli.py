@@ -167,17 +167,20 @@ def parser():
     p.add_argument("--svg", metavar="FILE", help="also draw the timeline as an SVG picture")
 
     p = sub.add_parser("hook", help=VERBS["hook"])
-    p.add_argument("action", nargs="?", choices=["install"], help="install: add the hook to a bundle")
+    p.add_argument("action", nargs="?", choices=["install", "serve"],
+                   help="install: add the hook to a bundle; serve: run a warm hook server")
     p.add_argument("bundle", nargs="?", help="(install) the bundle whose config.json gets the hook")
     _globals(p, suppress=True)
     p.add_argument("--capabilities", help="capabilities allowed at most (default: any)")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace-event JSON of the hook")
     p.add_argument("--stage", choices=["prestart", "createRuntime"], default="createRuntime",
                    help="(install) which hook list to add it to")
+    p.add_argument("--server", metavar="SOCKET", help="the warm hook server's socket "
+                   "(default /run/gpu-sandbox/hook.sock; tried first, the hook works without it)")
     return ap
 
 
-HOOK_OPTIONS = ("--driver-root", "--dev-root", "--capabilities", "--trace")
+HOOK_OPTIONS = ("--driver-root", "--dev-root", "--capabilities", "--trace", "--server")
 
 
 def hook_args(argv: list[str]):
@@ -323,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
 
         if not sealed.sealed() and sealed.may_ptrace(argv, verb):
             sealed.exec_sealed()  # before any process the container could see exists
+    if verb == "hook" and argv[1:2] != ["install"] and argv[1:2] != ["serve"]:
+        from sandbox import hook_server
+
+        code = hook_server.forward(argv)  # a warm server, if one listens
+        if code is not None:
+            return code
     if verb in ("run", "create"):
         # Fork the gofer before anything is imported or parsed (see sandbox/launch.py).
         from sandbox.launch import spawn_gofer

@@ -36,10 +36,15 @@ class ContainerState(msgspec.Struct):
 def main(args) -> int:
     if args.action == "install":
         return install(args)
-    return run_hook(args)
+    if args.action == "serve":
+        from sandbox.hook_server import serve
+
+        return serve(args)
+    return run_hook(args, sys.stdin.buffer.read())
 
 
-def run_hook(args) -> int:
+def run_hook(args, state_json: bytes) -> int:
+    """The hook's work for the container whose state (runc's or crun's JSON) is given."""
     # Paths given relative to where the runtime started us mean that, not "/"; then never
     # work from inside the container's rootfs (CVE-2025-23266: cwd in the rootfs).
     for name in ("driver_root", "dev_root", "trace"):
@@ -53,7 +58,7 @@ def run_hook(args) -> int:
     spans = Spans(bool(args.trace), os.getpid())
     t = time.monotonic_ns()
     try:
-        state = msgspec.json.decode(sys.stdin.buffer.read(), type=ContainerState)
+        state = msgspec.json.decode(state_json, type=ContainerState)
     except msgspec.DecodeError as e:
         raise BundleError(f"container state on stdin: {e}") from None
     bundle = load_bundle(state.bundle)
@@ -99,6 +104,8 @@ def install(args) -> int:
         hook_args += ["--capabilities", args.capabilities]
     if args.trace:
         hook_args += ["--trace", os.path.abspath(args.trace)]
+    if args.server:
+        hook_args += ["--server", os.path.abspath(args.server)]
     entry = {"path": sys.executable, "args": hook_args, "env": HOOK_ENV}
     hooks = spec.setdefault("hooks", {})
     for stage in ("prestart", "createRuntime"):

@@ -1,0 +1,124 @@
+"""The warm hook server (`sandbox hook serve`): hooks under runc are served by its children,
+two at once as well; killed, the hooks do the work themselves; errors are still one line."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from tests.integration.helpers import CLI, mount_table, tree
+from tests.integration.test_hook import SCRIPT, check_gpu_output, install, runc
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A server on a socket of the test's own; yields (socket path, its log)."""
+    path = tmp_path / "run" / "hook.sock"
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([*CLI, "hook", "serve", "--server", str(path)], stdout=out, stderr=out)
+    deadline = time.monotonic() + 20
+    while not path.exists() and time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.02)
+    yield path, log, proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    assert not path.exists(), "the server left its socket"
+
+
+def _served(log) -> list[str]:
+    return [line for line in log.read_text().splitlines() if ": exit " in line]
+
+
+def test_hooks_are_served_warm(server, make_bundle, driver_root, tmp_path):
+    path, log, _ = server
+    assert oct(os.stat(path.parent).st_mode & 0o777) == "0o700"
+    bundle = make_bundle(["sh", "-c", SCRIPT], ["NVIDIA_VISIBLE_DEVICES=all"])
+    install(bundle, driver_root, "--server", path)
+    r = runc(bundle, tmp_path / "state", "w1")
+    assert r.returncode == 0, r.stderr
+    check_gpu_output(r.stdout + r.stderr)
+    assert len(_served(log)) == 1 and _served(log)[0].startswith("sandbox hook serve: w1: exit 0"), log.read_text()
+
+
+def test_two_hooks_at_once(server, make_bundle, driver_root, tmp_path):
+    path, log, _ = server
+    bundles = [make_bundle(["sh", "-c", SCRIPT], ["NVIDIA_VISIBLE_DEVICES=all"]) for _ in range(2)]
+    results = {}
+    for b in bundles:
+        install(b, driver_root, "--server", path)
+    threads = [threading.Thread(target=lambda i=i, b=b: results.__setitem__(i, runc(b, tmp_path / "state", f"t{i}")))
+               for i, b in enumerate(bundles)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for r in results.values():
+        assert r.returncode == 0, r.stderr
+        check_gpu_output(r.stdout + r.stderr)
+    assert sorted(line.split(":")[1].strip() for line in _served(log)) == ["t0", "t1"], log.read_text()
+
+
+def test_a_killed_server_leaves_the_hook_working(server, make_bundle, driver_root, tmp_path):
+    """SIGKILL: its socket stays behind, refuses connections, and the hook does the work."""
+    path, log, proc = server
+    proc.kill()
+    proc.wait(timeout=10)
+    assert path.exists()
+    bundle = make_bundle(["sh", "-c", SCRIPT], ["NVIDIA_VISIBLE_DEVICES=all"])
+    install(bundle, driver_root, "--server", path)
+    r = runc(bundle, tmp_path / "state", "k1")
+    assert r.returncode == 0, r.stderr
+    check_gpu_output(r.stdout + r.stderr)
+    assert not _served(log)
+    # a new server takes the stale socket over
+    with open(log, "a") as out:
+        again = subprocess.Popen([*CLI, "hook", "serve", "--server", str(path)], stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 20
+        while log.read_text().count("listening on") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert runc(bundle, tmp_path / "state", "k2").returncode == 0
+        assert len(_served(log)) == 1, log.read_text()
+    finally:
+        again.send_signal(signal.SIGTERM)
+        again.wait(timeout=10)
+
+
+def test_an_error_through_the_server_is_one_line_and_leaves_nothing(server, make_bundle, driver_root, tmp_path,
+                                                                    rootfs_debian):
+    path, log, _ = server
+    root = tmp_path / "rootfs"
+    shutil.copytree(rootfs_debian, root, symlinks=True)
+    shutil.copy2(rootfs_debian / "usr/bin/busybox", root / "sh")
+    shutil.rmtree(root / "usr/bin")
+    (root / "usr/bin").write_text("not a directory\n")
+    (root / "bin").unlink()
+    bundle = make_bundle(["/sh", "-c", "echo container ran"], ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=root)
+    install(bundle, driver_root, "--server", path)
+    before = (mount_table(), tree(root))
+    r = runc(bundle, tmp_path / "state", "e1")
+    assert r.returncode != 0 and "container ran" not in r.stdout
+    assert "sandbox hook: /usr/bin" in r.stderr and "not a directory" in r.stderr, r.stderr
+    assert _served(log) and "e1: exit 1" in _served(log)[0], log.read_text()
+    assert mount_table() == before[0] and tree(root) == before[1]
+
+
+def test_only_root_reaches_the_server(server):
+    """The socket's directory is root's alone; nobody cannot even connect."""
+    path, log, _ = server
+    r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "python3", "-c",
+                        f"import socket; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
+                        f"s.connect({str(path)!r})"], capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "Permission denied" in r.stderr, r.stderr
+    assert not _served(log)
