@@ -16,6 +16,7 @@ peak RSS, and the phase table of one GPU start. Needs root. BENCH_N sets the run
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -100,6 +101,19 @@ def _bench(n: int, driver: Path, work: Path) -> int:
     hook_trace = work / "hook-trace.json"
     subprocess.run(SANDBOX + ["hook", "install", str(hooked), "--driver-root", str(driver), "--trace",
                               str(hook_trace)], check=True, stdout=subprocess.DEVNULL)
+    server_sock = work / "run" / "hook.sock"
+    warm = fixtures.bundle(work / "warm", rootfs, ["true"], gpu_env)
+    big_hooked = fixtures.bundle(work / "big-hooked", big, ["true"], gpu_env)
+    big_warm = fixtures.bundle(work / "big-warm", big, ["true"], gpu_env)
+    big_none = fixtures.bundle(work / "big-none", big, ["true"], gpu_env)
+    for b, extra in ((warm, ["--server", str(server_sock)]), (big_hooked, []),
+                     (big_warm, ["--server", str(server_sock)])):
+        subprocess.run(SANDBOX + ["hook", "install", str(b), "--driver-root", str(driver), *extra], check=True,
+                       stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(SANDBOX + ["hook", "serve", "--server", str(server_sock)], stderr=subprocess.DEVNULL)
+    atexit.register(server.terminate)  # whatever happens below
+    while not server_sock.exists():
+        time.sleep(0.01)
     noop = fixtures.bundle(work / "noop", rootfs, ["true"], gpu_env)
     spec = json.loads((noop / "config.json").read_text())
     spec["hooks"] = {"createRuntime": [{"path": "/bin/true", "args": ["true"]}]}
@@ -132,6 +146,14 @@ def _bench(n: int, driver: Path, work: Path) -> int:
                                                          "--bundle", str(hooked), f"h{i}"]),
         "runc run + no-op hook": lambda i: timed(["runc", "--root", str(state / "runc"), "run", "--bundle",
                                                   str(noop), f"n{i}"]),
+        "runc run + sandbox hook, warm server, GPU": lambda i: timed(
+            ["runc", "--root", str(state / "runc"), "run", "--bundle", str(warm), f"w{i}"]),
+        "runc run, 1400-lib image, no hook": lambda i: timed(
+            ["runc", "--root", str(state / "runc"), "run", "--bundle", str(big_none), f"bn{i}"]),
+        "runc run + sandbox hook, 1400-lib image": lambda i: timed(
+            ["runc", "--root", str(state / "runc"), "run", "--bundle", str(big_hooked), f"bh{i}"]),
+        "runc run + sandbox hook, warm server, 1400-lib image": lambda i: timed(
+            ["runc", "--root", str(state / "runc"), "run", "--bundle", str(big_warm), f"bw{i}"]),
         "sandbox run, no GPU, seccomp + limits": lambda i: timed(SANDBOX + ["run", str(isolated), "--root",
                                                                            str(state)]),
         "runc run, no GPU, seccomp + limits": lambda i: timed(["runc", "--root", str(state / "runc"), "run",
@@ -180,6 +202,8 @@ def _bench(n: int, driver: Path, work: Path) -> int:
                 rss.append(spans["supervisor done"]["args"]["maxrss_kib"] / 1024)
                 shutil.copy(trace, work / "gpu-trace.json")
 
+    server.terminate()
+    server.wait(timeout=10)
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"container start, median of {n} interleaved runs (wall ms, whole process):")
     for k, v in med.items():
@@ -202,6 +226,11 @@ def _bench(n: int, driver: Path, work: Path) -> int:
           f"{med['sandbox run, GPU, 1400-entry image cache'] - med['sandbox run, no GPU, 1400-entry image cache']:7.2f} ms")
     print(f"  sandbox hook adds to runc run (hook - no hook)       {med['runc run + sandbox hook, GPU'] - med['runc run, GPU bundle, no hook']:7.2f} ms")
     print(f"  sandbox hook adds to runc run (hook - no-op hook)    {med['runc run + sandbox hook, GPU'] - med['runc run + no-op hook']:7.2f} ms")
+    print(f"  ... with the warm hook server (hook - no hook)       "
+          f"{med['runc run + sandbox hook, warm server, GPU'] - med['runc run, GPU bundle, no hook']:7.2f} ms")
+    print(f"  ... 1400-lib image (hook - no hook)                  "
+          f"{med['runc run + sandbox hook, 1400-lib image'] - med['runc run, 1400-lib image, no hook']:7.2f} ms"
+          f" (warm server: {med['runc run + sandbox hook, warm server, 1400-lib image'] - med['runc run, 1400-lib image, no hook']:.2f} ms)")
     print(f"  sandbox run, no GPU / runc run, no GPU               {med['sandbox run, no GPU'] / med['runc run, no GPU']:7.2f} x")
     print(f"  seccomp + limits add to sandbox run                  "
           f"{med['sandbox run, no GPU, seccomp + limits'] - med['sandbox run, no GPU']:7.2f} ms"
