@@ -23,6 +23,7 @@ import fixtures
 
 REPO = Path(__file__).resolve().parent.parent
 SANDBOX = str(REPO / ".venv/bin/sandbox")
+WRAPPER = str(REPO / "scripts/sandbox-runc")  # runc for what asks for no GPU, sandbox for the rest
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
 IMAGE = fixtures.IMAGE
 DOCKER = "/usr/bin/docker"  # the Debian client that matches dockerd 20.10 (not /usr/local/bin's)
@@ -73,10 +74,11 @@ class Engine:
         self.base = base
         self.driver_root = driver_root
         self.runtime_root = base / "sandbox-state"
+        self.wrapper_root = base / "wrapper-state"  # the --root the engine gives sandbox-runc
         base.mkdir(parents=True, exist_ok=True)
 
-    def cli(self, *args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.prefix(), *args], capture_output=True, text=True, timeout=timeout, **kw)
+    def cli(self, *args: str, timeout: float = 120, runtime: str = "sandbox", **kw) -> subprocess.CompletedProcess:
+        return subprocess.run([*self.prefix(runtime), *args], capture_output=True, text=True, timeout=timeout, **kw)
 
     def prefix(self, runtime: str = "sandbox") -> list[str]:
         raise NotImplementedError
@@ -115,26 +117,27 @@ class Engine:
             return [*self.prefix(runtime), "run", *flags, *args, IMAGE, name, *cmd]
         return [*self.prefix(runtime), "run", *flags, "--name", name, *args, IMAGE, *cmd]
 
-    def exec(self, name: str, *cmd: str, tty: bool = False) -> list[str]:
+    def exec(self, name: str, *cmd: str, tty: bool = False, runtime: str = "sandbox") -> list[str]:
+        """(``runtime`` as the container was run with: podman forgets its runtime flags.)"""
         flags = ["-t"] if tty else []
         if self.name == "containerd":
             return [*self.prefix(), "task", "exec", *flags, "--exec-id", f"e{time.monotonic_ns()}", name, *cmd]
-        return [*self.prefix(), "exec", *flags, name, *cmd]
+        return [*self.prefix(runtime), "exec", *flags, name, *cmd]
 
-    def remove(self, name: str) -> None:
+    def remove(self, name: str, runtime: str = "sandbox") -> None:
         """Stop (SIGKILL after a second) and remove the container."""
-        if self.name == "containerd":
-            self.cli("task", "kill", "-s", "SIGKILL", name)
-            deadline = time.monotonic() + 20
-            while "RUNNING" in self.cli("task", "ls").stdout and time.monotonic() < deadline:
-                time.sleep(0.1)
-            for args in (("task", "rm", name), ("c", "rm", name)):
-                r = self.cli(*args)
-                assert r.returncode == 0, r.stderr
-        else:
+        if self.name != "containerd":
             for args in (("stop", "-t", "1", name), ("rm", name)):
-                r = self.cli(*args)
+                r = self.cli(*args, runtime=runtime)
                 assert r.returncode == 0, r.stderr
+            return
+        self.cli("task", "kill", "-s", "SIGKILL", name)
+        deadline = time.monotonic() + 20
+        while "RUNNING" in self.cli("task", "ls").stdout and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for args in (("task", "rm", name), ("c", "rm", name)):
+            r = self.cli(*args)
+            assert r.returncode == 0, r.stderr
 
     def bundle_of(self, name: str) -> Path:
         """The bundle our runtime was given for the running container ``name`` (its state)."""
@@ -158,8 +161,9 @@ class Podman(Engine):
                   "--storage-driver", "overlay", "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
         if runtime == "runc":
             return [*common, "--runtime", RUNC, "--runtime-flag", f"root={self.base / 'runc-state'}"]
-        return [*common, "--runtime", SANDBOX, "--runtime-flag", f"driver-root={self.driver_root}",
-                "--runtime-flag", f"root={self.runtime_root}"]
+        binary, root = (WRAPPER, self.wrapper_root) if runtime == "wrapper" else (SANDBOX, self.runtime_root)
+        return [*common, "--runtime", binary, "--runtime-flag", f"driver-root={self.driver_root}",
+                "--runtime-flag", f"root={root}"]
 
     def start(self, image: Path) -> None:
         self.host_paths = _cgroup_parents("libpod_parent")
@@ -202,7 +206,8 @@ class Containerd(Engine):
         return ["ctr", "-a", str(self.base / "containerd.sock"), "-n", "test"]
 
     def run_args(self, gpu: bool, runtime: str = "sandbox") -> list[str]:
-        root, binary = (self.base / "runc-state", RUNC) if runtime == "runc" else (self.runtime_root, SANDBOX)
+        root, binary = {"runc": (self.base / "runc-state", RUNC), "wrapper": (self.wrapper_root, WRAPPER)}.get(
+            runtime, (self.runtime_root, SANDBOX))
         # --seccomp: containerd's default profile (podman and Docker add theirs unasked)
         args = ["--seccomp", "--fifo-dir", str(self.base / "fifo"), "--runc-root", str(root), "--runc-binary", binary]
         return args + (["--env", "NVIDIA_VISIBLE_DEVICES=all"] if gpu else [])
@@ -230,6 +235,7 @@ class Docker(Engine):
         config = {"iptables": False, "ip6tables": False, "ip-forward": False, "ip-masq": False, "bridge": "none",
                   "storage-driver": "overlay2",
                   "runtimes": {"sandbox": {"path": SANDBOX, "runtimeArgs": ["--driver-root", str(self.driver_root)]},
+                               "wrapper": {"path": WRAPPER, "runtimeArgs": ["--driver-root", str(self.driver_root)]},
                                "plainrunc": {"path": RUNC}}}
         (b / "daemon.json").write_text(json.dumps(config))
         self._daemon(["dockerd", "--config-file", str(b / "daemon.json"), "--data-root", str(b / "data"),
@@ -239,12 +245,13 @@ class Docker(Engine):
         assert r.returncode == 0, r.stderr
         # docker keeps its own runc root; ours is the one under exec-root it passes as --root
         self.runtime_root = b / "exec/runtime-sandbox/moby"
+        self.wrapper_root = b / "exec/runtime-wrapper/moby"
 
     def prefix(self, runtime: str = "sandbox") -> list[str]:
         return [DOCKER, "-H", f"unix://{self.base}/docker.sock"]
 
     def run_args(self, gpu: bool, runtime: str = "sandbox") -> list[str]:
-        name = "plainrunc" if runtime == "runc" else "sandbox"
+        name = {"runc": "plainrunc", "wrapper": "wrapper"}.get(runtime, "sandbox")
         return ["--runtime", name, "--network", "none"] + (["-e", "NVIDIA_VISIBLE_DEVICES=all"] if gpu else [])
 
     def stop(self) -> None:

@@ -79,6 +79,36 @@ def test_gpu_container_under_the_default_profile_and_a_memory_limit(engine):
     assert "Operation not permitted" in out and "unshare-refused" in out, out
 
 
+def test_the_wrapper_hands_what_asks_for_no_gpu_to_runc(engine):
+    """scripts/sandbox-runc as the engine's runtime: the GPU container is sandbox's (its state
+    under <root>.sandbox, the GPU checks pass), the plain one runc's (under <root>), and the
+    engine drives both through exec and removal."""
+    def states(sandbox: bool) -> list[str]:
+        """The containers with a state under the root the engine gives the wrapper (wherever
+        that is: containerd adds its namespace): sandbox's under <root>.sandbox, runc's under
+        <root>. (The sandbox runtime's own root is another test's.)"""
+        return sorted(p.parent.name for p in engine.base.rglob("state.json")
+                      if not p.is_relative_to(engine.runtime_root) and (".sandbox/" in str(p)) == sandbox)
+
+    for name, gpu in (("wgpu", True), ("wplain", False)):
+        _ok(subprocess.run(engine.run(name, "sleep", "100", gpu=gpu, detach=True, rm=False, runtime="wrapper"),
+                           capture_output=True, text=True, timeout=120))
+    try:
+        sandboxed, runced = states(True), states(False)
+        assert len(sandboxed) == 1 and len(runced) == 1 and sandboxed != runced, (sandboxed, runced)
+        out = _ok(subprocess.run(engine.exec("wgpu", "sh", "-c", "cudacheck; ls /dev/nvidiactl", runtime="wrapper"),
+                                 capture_output=True, text=True, timeout=60))
+        assert "cuInit found" in out and "/dev/nvidiactl" in out, out
+        out = subprocess.run(engine.exec("wplain", "sh", "-c", "ls /dev/nvidiactl 2>&1; echo ran", runtime="wrapper"),
+                             capture_output=True, text=True, timeout=60)
+        assert "ran" in out.stdout and "No such file" in out.stdout, (out.stdout, out.stderr)
+    finally:
+        engine.remove("wgpu", runtime="wrapper")
+        engine.remove("wplain", runtime="wrapper")
+    if engine.name != "podman":  # podman forgets runtime flags: its cleanup deletes without our --root
+        assert states(True) == [] and states(False) == []
+
+
 def test_no_gpu_container_has_no_driver(engine):
     out = _ok(subprocess.run(engine.run("plain1", "sh", "-c", "ls /dev/nvidia* 2>&1; cudacheck; echo rc=$?"),
                              capture_output=True, text=True, timeout=120))
