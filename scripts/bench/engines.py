@@ -3,6 +3,7 @@
 side by side in one run (interleaved), medians:
 
   ENGINE run --rm IMAGE true    runc | sandbox | sandbox with NVIDIA_VISIBLE_DEVICES=all
+                                | scripts/sandbox-runc (runc for it: no GPU asked) | the same with GPUs
   for podman, containerd (ctr) and dockerd, each started privately (scripts/engines.py)
 
 and each runtime verb alone on one bundle (create, start, state, kill, delete): sandbox
@@ -44,7 +45,8 @@ def bench_engine(name: str, work: Path) -> None:
     eng = engines.ENGINES[name](work / name, fixtures.driver_535())
     eng.start(fixtures.image_archive())
     variants = {"runc": dict(runtime="runc"), "sandbox": dict(runtime="sandbox"),
-                "sandbox+gpu": dict(runtime="sandbox", gpu=True)}
+                "sandbox+gpu": dict(runtime="sandbox", gpu=True), "wrapper": dict(runtime="wrapper"),
+                "wrapper+gpu": dict(runtime="wrapper", gpu=True)}
     times: dict[str, list[float]] = {v: [] for v in variants}
     try:
         for i in range(N + 1):  # the first round warms caches and is dropped
@@ -56,7 +58,8 @@ def bench_engine(name: str, work: Path) -> None:
         eng.stop()
     med = {v: statistics.median(t) for v, t in times.items()}
     print(f"{name:<11} " + "  ".join(f"{v} {m:6.1f} ms" for v, m in med.items())
-          + f"   sandbox-runc {med['sandbox'] - med['runc']:+.1f} ms, gpu {med['sandbox+gpu'] - med['runc']:+.1f} ms")
+          + f"   over runc: sandbox {med['sandbox'] - med['runc']:+.1f} ms, gpu {med['sandbox+gpu'] - med['runc']:+.1f} ms;"
+          f" sandbox-runc {med['wrapper'] - med['runc']:+.1f} ms, gpu {med['wrapper+gpu'] - med['runc']:+.1f} ms")
 
 
 def bench_verbs(work: Path) -> None:
