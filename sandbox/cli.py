@@ -24,10 +24,11 @@ VERBS = {
     "plan": "print the GPU mount plan for a bundle",
     "trace": "print (or draw) the phases of a startup trace",
     "hook": "OCI prestart/createRuntime hook for runc and crun (hook install: add it to a bundle)",
+    "cdi": "CDI: generate our spec, list the devices the specs define, or run our spec's hook",
 }
 # Global options that take a value (scanned before argparse, to find the verb early).
 GLOBAL_VALUES = ("--root", "--log", "--log-format", "--driver-root", "--dev-root", "--config", "--criu",
-                 "--rootless")
+                 "--rootless", "--cdi-spec-dir")
 
 
 def _size(value: str) -> str:
@@ -87,6 +88,8 @@ def parser():
     ap.add_argument("--systemd-cgroup", action="store_true",
                     help="the systemd cgroup manager (refused: sandbox uses cgroupfs)")
     ap.add_argument("--config", help="config file (default $SANDBOX_CONFIG, else /etc/gpu-sandbox/config.toml)")
+    ap.add_argument("--cdi-spec-dir", action="append", default=[], metavar="DIR",
+                    help="CDI specs here too (after /etc/cdi and /var/run/cdi)")
     ap.add_argument("--criu", help="accepted for runc's sake; checkpointing is not supported")
     ap.add_argument("--rootless", help="accepted for runc's sake; sandbox runs as root")
     ap.add_argument("--version", "-v", action="version", version=f"sandbox version {VERSION}\nspec: 1.0.2")
@@ -161,6 +164,17 @@ def parser():
     p.add_argument("bundle")
     _gpu_options(p)
     p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+
+    p = sub.add_parser("cdi", help=VERBS["cdi"])
+    p.add_argument("action", choices=["generate", "list", "hook"])
+    _globals(p, suppress=True)
+    p.add_argument("--cdi-spec-dir", action="append", default=argparse.SUPPRESS, metavar="DIR",
+                   help="(list) CDI specs here too")
+    p.add_argument("--output", "-o", metavar="FILE", help="(generate) write the spec there, not to stdout")
+    p.add_argument("--format", choices=["yaml", "json"], default="yaml", help="(generate) default yaml")
+    p.add_argument("--link", action="append", default=[], metavar="NAME::PATH", help="(hook) a link to make")
+    p.add_argument("--cache-entry", action="append", default=[], metavar="KEY::PATH::FLAGS",
+                   help="(hook) an entry of the container's ld.so.cache")
 
     p = sub.add_parser("trace", help=VERBS["trace"])
     p.add_argument("file")
@@ -275,7 +289,7 @@ def _resolve(args) -> None:
     capability ceiling, then the defaults; runc's run (ID) or ours (BUNDLE)."""
     if getattr(args, "root", None) is None:
         args.root = DEFAULT_ROOT
-    if args.verb in ("create", "run", "plan", "hook"):
+    if args.verb in ("create", "run", "plan", "hook", "cdi"):
         from sandbox.config import load_config
 
         conf = load_config(args.config)
@@ -358,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             from sandbox import features_cmd as mod
         elif args.verb == "trace":
             from sandbox import trace_cmd as mod
+        elif args.verb == "cdi":
+            from sandbox import cdi_cmd as mod
         elif args.verb in ("list", "state", "kill", "ps"):
             from sandbox import state_cmd as mod
         else:

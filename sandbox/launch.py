@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import time
 from typing import NamedTuple
 
@@ -73,6 +74,7 @@ class Options(NamedTuple):
     foreground: bool = False  # `sandbox run`: the state goes when the run ends
     trace: str | None = None  # --trace FILE
     systemd_cgroup: bool = False  # --systemd-cgroup: cgroupsPath is slice:prefix:name
+    cdi_spec_dirs: tuple[str, ...] = ()  # --cdi-spec-dir, after /etc/cdi and /var/run/cdi
 
 
 def options(args, detached: bool, foreground: bool) -> Options:
@@ -82,7 +84,8 @@ def options(args, detached: bool, foreground: bool) -> Options:
     return Options(cid, bundle, args.root, args.driver_root, args.dev_root, getattr(args, "gpus", None),
                    getattr(args, "capabilities", None), getattr(args, "max_capabilities", None),
                    getattr(args, "scratch_size", None), args.console_socket, args.preserve_fds,
-                   detached, foreground, args.trace, getattr(args, "systemd_cgroup", False))
+                   detached, foreground, args.trace, getattr(args, "systemd_cgroup", False),
+                   tuple(getattr(args, "cdi_spec_dir", ())))
 
 
 class Launched(NamedTuple):
@@ -125,6 +128,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                 spec = bundle.spec
                 if spec.process is None:
                     raise BundleError(f"{bundle.path}/config.json: process is missing: nothing to run")
+                spec = _cdi(spec, opts)
                 if spec.process.terminal and opts.detached and not opts.console_socket:
                     raise BundleError(f"{bundle.path}/config.json: process.terminal is set: a detached "
                                       "container needs --console-socket to hand its terminal to")
@@ -214,6 +218,21 @@ def _reap_all(deadline: float) -> None:
             return
         if pid == 0:
             time.sleep(0.002)
+
+
+def _cdi(spec, opts: Options):
+    """The spec with the CDI devices it asks for applied (mounts/cdi.py); itself where it
+    asks for none (the common case pays one look at its annotations and one env var)."""
+    visible = spec.process.getenv("NVIDIA_VISIBLE_DEVICES") or ""
+    if not any(k.startswith("cdi.k8s.io/") for k in spec.annotations) and not ("=" in visible and "/" in visible):
+        return spec
+    from mounts import cdi
+
+    names, _ = cdi.requests_of(spec.annotations, visible)
+    spec, warnings = cdi.apply(spec, names, [*cdi.SPEC_DIRS, *opts.cdi_spec_dirs])
+    for w in warnings:
+        print(f"sandbox: warning: {w}", file=sys.stderr)
+    return spec
 
 
 def _annotated_trace(value: str | None, opts: Options) -> str | None:

@@ -1,0 +1,409 @@
+"""CDI, the Container Device Interface: specs read (JSON or YAML, any vendor's) and written
+(ours, `sandbox cdi generate`), requests resolved into container edits. Pure: files are read
+here, nothing else on the host is touched.
+
+A spec has a ``kind`` (vendor.com/class), devices by ``name``, and ``containerEdits`` (env,
+deviceNodes, mounts, hooks, additionalGids) for the spec as a whole and per device. A
+request names ``vendor.com/class=name``. Specs are read from /etc/cdi, then /var/run/cdi (a
+later directory wins for a device both define; two files of one directory defining it are a
+conflict), as the CDI library does; unknown fields and versions are refused, per file: a bad
+file costs only its own devices.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import msgspec
+
+from mounts.errors import BundleError
+
+SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0")
+HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
+ANNOTATION = "cdi.k8s.io/"
+MAX_SPEC = 4 << 20
+
+_KIND = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+/[a-zA-Z0-9]([a-zA-Z0-9_.-]*[a-zA-Z0-9])?")
+_NAME = re.compile(r"[a-zA-Z0-9]([a-zA-Z0-9_.:-]*[a-zA-Z0-9])?")
+
+
+class _C(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True, frozen=True):
+    pass
+
+
+class DeviceNode(_C):
+    path: str
+    host_path: str | None = None
+    type: str | None = None
+    major: int | None = None
+    minor: int | None = None
+    file_mode: int | None = None
+    permissions: str | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+
+class Mount(_C):
+    host_path: str
+    container_path: str
+    type: str | None = None
+    options: list[str] = []
+
+
+class Hook(_C):
+    hook_name: str
+    path: str
+    args: list[str] = []
+    env: list[str] = []
+    timeout: int | None = None
+
+
+class ContainerEdits(_C):
+    env: list[str] = []
+    device_nodes: list[DeviceNode] = []
+    mounts: list[Mount] = []
+    hooks: list[Hook] = []
+    additional_gids: list[int] = []
+    intel_rdt: Any = None
+
+
+class Device(_C):
+    name: str
+    container_edits: ContainerEdits
+    annotations: dict[str, str] = {}
+
+
+class CdiSpec(_C):
+    cdi_version: str
+    kind: str
+    devices: list[Device]
+    container_edits: ContainerEdits = ContainerEdits()
+    annotations: dict[str, str] = {}
+
+
+class Found(msgspec.Struct, frozen=True):
+    """A device of a spec file, and the file."""
+
+    spec: CdiSpec
+    device: Device
+    path: str
+
+
+class Registry(msgspec.Struct):
+    devices: dict[str, Found]  # qualified name -> where it is defined
+    errors: dict[str, str]  # file (or qualified name, for a conflict) -> why it is not used
+
+    def qualified_names(self) -> list[str]:
+        return sorted(self.devices)
+
+
+def parse(data: bytes, path: str) -> CdiSpec:
+    """One spec file's bytes (JSON, or YAML by its extension); a one-line BundleError
+    naming the file and the field otherwise."""
+    try:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            try:
+                obj = yaml.safe_load(data)
+            except yaml.YAMLError as e:
+                raise BundleError(f"{path}: invalid YAML: {' '.join(str(e).split())}") from None
+            spec = msgspec.convert(obj, CdiSpec)
+        else:
+            spec = msgspec.json.decode(data, type=CdiSpec)
+    except msgspec.ValidationError as e:
+        raise BundleError(f"{path}: {e}") from None
+    except msgspec.DecodeError as e:
+        raise BundleError(f"{path}: invalid JSON: {e}") from None
+    if spec.cdi_version not in VERSIONS:
+        raise BundleError(f"{path}: cdiVersion {spec.cdi_version!r} is not one of {', '.join(VERSIONS)}")
+    if not _KIND.fullmatch(spec.kind):
+        raise BundleError(f"{path}: kind {spec.kind!r} is not vendor.com/class")
+    for i, d in enumerate(spec.devices):
+        if not _NAME.fullmatch(d.name):
+            raise BundleError(f"{path}: devices[{i}].name {d.name!r} is not a device name")
+        _check_edits(d.container_edits, path, f"devices[{i}].containerEdits")
+    _check_edits(spec.container_edits, path, "containerEdits")
+    return spec
+
+
+def _check_edits(edits: ContainerEdits, path: str, where: str) -> None:
+    for i, h in enumerate(edits.hooks):
+        if h.hook_name not in HOOK_NAMES:
+            raise BundleError(f"{path}: {where}.hooks[{i}].hookName {h.hook_name!r} is not one of "
+                              f"{', '.join(HOOK_NAMES)}")
+    for i, n in enumerate(edits.device_nodes):
+        if n.type not in (None, "c", "b", "u", "p"):
+            raise BundleError(f"{path}: {where}.deviceNodes[{i}].type {n.type!r} is not c, b, u or p")
+        if not os.path.isabs(n.path):
+            raise BundleError(f"{path}: {where}.deviceNodes[{i}].path {n.path!r} is not absolute")
+    for i, m in enumerate(edits.mounts):
+        if not os.path.isabs(m.container_path):
+            raise BundleError(f"{path}: {where}.mounts[{i}].containerPath {m.container_path!r} is not absolute")
+    for i, e in enumerate(edits.env):
+        if "=" not in e:
+            raise BundleError(f"{path}: {where}.env[{i}] {e!r} is not NAME=VALUE")
+
+
+def load(dirs: list[str] | tuple[str, ...] = SPEC_DIRS) -> Registry:
+    """Every spec under ``dirs`` (later ones win); bad files and conflicts are recorded in
+    ``errors``, never fatal to the others."""
+    devices: dict[str, Found] = {}
+    errors: dict[str, str] = {}
+    for d in dirs:
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith((".json", ".yaml", ".yml")))
+        except OSError:
+            continue
+        here: dict[str, Found] = {}
+        for name in names:
+            path = os.path.join(d, name)
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(MAX_SPEC + 1)
+                if len(data) > MAX_SPEC:
+                    raise BundleError(f"{path}: larger than {MAX_SPEC} bytes")
+                spec = parse(data, path)
+            except OSError as e:
+                errors[path] = f"{path}: cannot read: {e.strerror}"
+                continue
+            except BundleError as e:
+                errors[path] = str(e)
+                continue
+            for dev in spec.devices:
+                qname = f"{spec.kind}={dev.name}"
+                if qname in here:
+                    errors[qname] = f"{qname}: defined by both {here[qname].path} and {path}"
+                    continue
+                here[qname] = Found(spec, dev, path)
+        for qname in [q for q in here if q in errors]:
+            del here[qname]
+        devices.update(here)  # a later directory takes a device over
+    return Registry(devices, errors)
+
+
+def requests_of(annotations: dict[str, str], visible: str | None) -> tuple[list[str], str | None]:
+    """(the qualified device names a container asks for, what is left of its
+    NVIDIA_VISIBLE_DEVICES once they are taken out of it): from the annotations
+    ``cdi.k8s.io/<key>`` (kubelet's, containerd's) and NVIDIA_VISIBLE_DEVICES entries such
+    as ``nvidia.com/gpu=0`` (the toolkit's convention)."""
+    names: list[str] = []
+    for key in sorted(annotations):
+        if key.startswith(ANNOTATION):
+            names += [n.strip() for n in annotations[key].split(",") if n.strip()]
+    if visible is not None and "=" in visible and "/" in visible:
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+        names += [e for e in entries if "=" in e and "/" in e]
+        rest = [e for e in entries if not ("=" in e and "/" in e)]
+        visible = ",".join(rest) if rest else None
+    seen: list[str] = []
+    for n in names:
+        if n not in seen:
+            seen.append(n)
+    return seen, visible
+
+
+def resolve(names: list[str], registry: Registry) -> list[tuple[CdiSpec, list[Device]]]:
+    """The specs and devices of ``names``, each spec once with its devices, in order. An
+    unknown name is an error that says why (a bad spec file, a conflict)."""
+    out: dict[int, tuple[CdiSpec, list[Device]]] = {}
+    for n in names:
+        kind, _, dev = n.partition("=")
+        if not _KIND.fullmatch(kind) or not _NAME.fullmatch(dev):
+            raise BundleError(f"CDI request {n!r}: not a qualified device name (vendor.com/class=name)")
+        found = registry.devices.get(n)
+        if found is None:
+            why = registry.errors.get(n) or "; ".join(registry.errors.values())  # a spec we could not use?
+            raise BundleError(f"CDI device {n!r}: not found" + (f" ({why})" if why else " in any spec"))
+        entry = out.setdefault(id(found.spec), (found.spec, []))
+        if found.device not in entry[1]:
+            entry[1].append(found.device)
+    return list(out.values())
+
+
+def merged(resolved: list[tuple[CdiSpec, list[Device]]]) -> ContainerEdits:
+    """The edits to apply: each spec's own once, then its devices', in request order."""
+    parts = [e for spec, devs in resolved for e in (spec.container_edits, *[d.container_edits for d in devs])]
+    return ContainerEdits(env=[x for p in parts for x in p.env], device_nodes=[x for p in parts for x in p.device_nodes],
+                          mounts=[x for p in parts for x in p.mounts], hooks=[x for p in parts for x in p.hooks],
+                          additional_gids=[x for p in parts for x in p.additional_gids],
+                          intel_rdt=next((p.intel_rdt for p in parts if p.intel_rdt is not None), None))
+
+
+def minimum_version(spec: CdiSpec) -> str:
+    """The lowest cdiVersion whose schema has every field ``spec`` uses."""
+    edits = [spec.container_edits, *[d.container_edits for d in spec.devices]]
+    if spec.annotations or any(d.annotations for d in spec.devices):
+        return "0.6.0"
+    if any(e.additional_gids or e.intel_rdt is not None for e in edits):
+        return "0.7.0"
+    if any(n.host_path for e in edits for n in e.device_nodes):
+        return "0.5.0"
+    if any(m.type for e in edits for m in e.mounts):
+        return "0.4.0"
+    return "0.3.0"
+
+
+def to_yaml(obj, indent: int = 0) -> str:
+    """A small, deterministic YAML writer for what specs hold (maps, lists, str, int, bool)."""
+    pad = " " * indent
+    if isinstance(obj, dict):
+        if not obj:
+            return "{}"
+        lines = []
+        for k, v in obj.items():
+            if isinstance(v, (dict, list)) and v:
+                lines.append(f"{pad}{k}:\n{to_yaml(v, indent + 2)}")
+            else:
+                lines.append(f"{pad}{k}: {to_yaml(v)}")
+        return "\n".join(lines)
+    if isinstance(obj, list):
+        if not obj:
+            return "[]"
+        lines = []
+        for v in obj:
+            if isinstance(v, dict) and v:
+                body = to_yaml(v, indent + 2)
+                lines.append(f"{pad}- {body[indent + 2:]}")
+            else:
+                lines.append(f"{pad}- {to_yaml(v, indent + 2)}")
+        return "\n".join(lines)
+    if isinstance(obj, bool):
+        return "true" if obj else "false"
+    if isinstance(obj, int):
+        return str(obj)
+    return msgspec.json.encode(str(obj)).decode()  # a JSON string is a YAML string
+
+
+# --- our own spec ----------------------------------------------------------------------
+
+KIND = "nvidia.com/gpu"
+FILE_OPTS = ["ro", "nosuid", "nodev", "bind"]
+IPC_OPTS = ["nosuid", "nodev", "noexec", "bind"]
+
+
+def driver_layout(inventory):
+    """Where the driver root itself keeps its libraries: a spec serves any image, and
+    puts each file where the host has it (as nvidia-ctk does); the cache says where."""
+    from mounts.ldcache import FLAG_REQUIRED_MASK
+    from mounts.plan import Layout
+
+    def libdir(is64: bool, default: str) -> str:
+        lib = next((x for x in inventory.libraries if bool(x.flags & FLAG_REQUIRED_MASK) == is64), None)
+        return "/" + os.path.relpath(os.path.dirname(lib.path), inventory.root) if lib else default
+    return Layout(libdir(True, "/usr/lib64"), libdir(False, "/usr/lib32"))
+
+
+def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
+    """The spec of ``inventory``'s GPUs: a device per index, per UUID and ``all``; the
+    control nodes, every driver file (where the driver root keeps it) and one
+    createContainer hook of ours (``hook`` + its --link and --cache-entry arguments) that
+    makes the links and the container's ld.so.cache, for all of them."""
+    from mounts import actions as A
+    from mounts.plan import iter_plan
+    from mounts.request import CAPABILITIES, GpuRequest
+
+    layout = driver_layout(inventory)
+    request = GpuRequest(("all",), frozenset(CAPABILITIES) - {"compat32"})
+    actions = list(iter_plan(request, inventory, layout, list(inventory.gpus)))
+    gpu_nodes = {f"/dev/nvidia{g.minor}" for g in inventory.gpus}
+
+    def node(a: A.Device) -> DeviceNode:
+        return DeviceNode(a.target, host_path=a.source if a.source != a.target else None, type="c",
+                          major=a.major, minor=a.minor)
+
+    common = [node(a) for a in actions if isinstance(a, A.Device) and a.target not in gpu_nodes]
+    by_target = {a.target: node(a) for a in actions if isinstance(a, A.Device) and a.target in gpu_nodes}
+    mounts = [Mount(a.source, a.target, options=IPC_OPTS if isinstance(a, A.Ipc) else FILE_OPTS)
+              for a in actions if isinstance(a, A.Library | A.Binary | A.Firmware | A.Ipc)]
+    args = list(hook)
+    for a in actions:
+        if isinstance(a, A.Symlink):
+            args += ["--link", f"{a.source}::{a.target}"]
+        elif isinstance(a, A.LdCache):
+            args += [arg for e in a.entries for arg in ("--cache-entry", f"{e.key}::{e.value}::{e.flags:#x}")]
+    edits = ContainerEdits(env=["NVIDIA_VISIBLE_DEVICES=void"], device_nodes=common, mounts=mounts,
+                           hooks=[Hook("createContainer", hook[0], args, hook_env)])
+    devices = []
+    for g in inventory.gpus:
+        one = ContainerEdits(device_nodes=[by_target[f"/dev/nvidia{g.minor}"]])
+        devices += [Device(str(g.index), one), Device(g.uuid, one)]
+    devices.append(Device("all", ContainerEdits(device_nodes=[by_target[t] for t in sorted(by_target)])))
+    spec = CdiSpec("0.3.0", KIND, devices, edits)
+    return msgspec.structs.replace(spec, cdi_version=minimum_version(spec))
+
+
+_NATIVE = re.compile(r"all|[0-9]{1,9}|GPU-[0-9a-fA-F-]{1,64}")
+
+
+def apply(spec, names: list[str], dirs: list[str]) -> tuple[Any, list[str]]:
+    """``spec`` (the OCI config) with the CDI devices ``names`` applied, and the warnings
+    to print. NVIDIA's GPUs by index, UUID or ``all`` (our spec's, or nvidia-ctk's) are not
+    edited in: they become NVIDIA_VISIBLE_DEVICES, served natively like any GPU request
+    (the same driver files, our own mounts and cache). Any other device's edits go into the
+    OCI config as an engine would put them: env, linux.devices (numbers from the host node
+    where the spec leaves them out), bind mounts, hooks, additional gids."""
+    from mounts import spec as S
+
+    proc = spec.process
+    _, rest = requests_of({}, proc.getenv("NVIDIA_VISIBLE_DEVICES"))
+    native = [n.partition("=")[2] for n in names if n.partition("=")[0] == KIND and _NATIVE.fullmatch(n.partition("=")[2])]
+    others = [n for n in names if not (n.partition("=")[0] == KIND and _NATIVE.fullmatch(n.partition("=")[2]))]
+    env = [e for e in proc.env if not e.startswith("NVIDIA_VISIBLE_DEVICES=")]
+    visible = ",".join(x for x in (rest, *native) if x)
+    if visible:
+        env.append(f"NVIDIA_VISIBLE_DEVICES={visible}")
+    warnings: list[str] = []
+    devices, mounts = list(spec.linux.devices), list(spec.mounts)
+    hooks = {name: list(getattr(spec.hooks, _attr(name))) if spec.hooks else [] for name in HOOK_NAMES}
+    gids = list(proc.user.additional_gids)
+    if others:
+        edits = merged(resolve(others, load(dirs)))
+        env += edits.env
+        for node in edits.device_nodes:
+            devices.append(_oci_device(node, others))
+        for m in edits.mounts:
+            options = list(m.options)
+            if (m.type or "bind") == "bind" and not {"bind", "rbind"} & set(options):
+                options.append("bind")
+            mounts.append(S.Mount(m.container_path, m.type or "bind", m.host_path, options))
+        for h in edits.hooks:
+            hooks[h.hook_name].append(S.Hook(h.path, h.args, h.env, h.timeout))
+        gids += [g for g in edits.additional_gids if g not in gids]
+        if edits.intel_rdt is not None:
+            warnings.append("CDI intelRdt edits are not applied")
+    user = msgspec.structs.replace(proc.user, additional_gids=gids)
+    proc = msgspec.structs.replace(proc, env=env, user=user)
+    linux = msgspec.structs.replace(spec.linux, devices=devices)
+    new_hooks = S.Hooks(**{_attr(n): v for n, v in hooks.items()})
+    return msgspec.structs.replace(spec, process=proc, linux=linux, mounts=mounts, hooks=new_hooks), warnings
+
+
+def _attr(hook_name: str) -> str:
+    return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), hook_name)
+
+
+def _oci_device(node: DeviceNode, names: list[str]):
+    """A CDI device node as linux.devices has it; what the spec leaves out, the host's node
+    (at hostPath, else path) says."""
+    import stat as st
+
+    from mounts import spec as S
+
+    kind, major, minor = node.type, node.major, node.minor
+    if kind is None or major is None or minor is None:
+        host = node.host_path or node.path
+        try:
+            info = os.stat(host)
+        except OSError as e:
+            raise BundleError(f"CDI device {', '.join(names)}: deviceNodes {node.path}: the host node {host} "
+                              f"cannot be read ({e.strerror}) to fill in its type and numbers") from None
+        if not (st.S_ISCHR(info.st_mode) or st.S_ISBLK(info.st_mode)):
+            raise BundleError(f"CDI device {', '.join(names)}: {host} is not a device node")
+        kind = kind or ("c" if st.S_ISCHR(info.st_mode) else "b")
+        major = os.major(info.st_rdev) if major is None else major
+        minor = os.minor(info.st_rdev) if minor is None else minor
+    return S.Device(node.path, kind, major, minor, node.file_mode, node.uid, node.gid)

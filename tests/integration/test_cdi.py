@@ -1,0 +1,168 @@
+"""CDI both ways: the spec `sandbox cdi generate` writes, consumed by podman 4.3 with runc
+(nothing of ours runs but the spec's hook), and CDI requests applied by `sandbox run`:
+another vendor's devices edited in, NVIDIA's served natively, bad specs one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+
+import engines
+import fixtures
+import pytest
+import yaml
+
+from tests.integration.helpers import CLI, mount_table, sandbox, tree
+from tests.integration.test_hook import check_gpu_output
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+GPU_SCRIPT = "ls -l /dev/nvidia*; nvidia-smi; echo nvidia-smi=$?; cudacheck"
+
+
+def generate(driver_root, *extra) -> subprocess.CompletedProcess:
+    return sandbox("cdi", "generate", "--driver-root", driver_root, *extra)
+
+
+def test_generate_is_deterministic_yaml_or_json_and_lists(driver_root, tmp_path):
+    first, again = generate(driver_root), generate(driver_root)
+    assert first.returncode == 0 and first.stdout == again.stdout, first.stderr
+    as_json = json.loads(generate(driver_root, "--format", "json").stdout)
+    assert yaml.safe_load(first.stdout) == as_json
+    assert as_json["cdiVersion"] == "0.5.0" and as_json["kind"] == "nvidia.com/gpu"  # hostPath needs 0.5.0
+    hook, = as_json["containerEdits"]["hooks"]
+    assert hook["hookName"] == "createContainer" and hook["args"][-2:] != ["cdi", "hook"]
+    assert hook["env"] == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+    assert "ldconfig" not in json.dumps(as_json)
+    out = tmp_path / "cdi" / "nvidia.yaml"
+    out.parent.mkdir()
+    assert generate(driver_root, "--output", out).returncode == 0 and out.read_text() == first.stdout
+    listed = sandbox("--cdi-spec-dir", out.parent, "cdi", "list")
+    gpus = fixtures.driver_535()  # (the same fixture)
+    assert gpus
+    names = listed.stdout.split()
+    assert names[:2] == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"] and names[-1] == "nvidia.com/gpu=all", names
+    assert any(n.startswith("nvidia.com/gpu=GPU-") for n in names)
+
+
+def test_podman_consumes_our_spec(driver_root, tmp_path):
+    """podman 4.3 reads /etc/cdi and /var/run/cdi only: in a private mount namespace /run is a
+    tmpfs of the test's with the spec in /run/cdi. runc is podman's runtime: our hook alone
+    makes the links and the cache, and the GPU checks pass."""
+    if subprocess.run(["podman", "--version"], capture_output=True).returncode != 0:
+        pytest.skip("podman is not installed")
+    spec = generate(driver_root)
+    assert spec.returncode == 0, spec.stderr
+    (tmp_path / "nvidia.yaml").write_text(spec.stdout)
+    base = tempfile.mkdtemp(prefix="cdi", dir="/tmp")  # podman refuses a runroot over 50 characters
+    podman = (f"podman --root {base}/root --runroot {base}/runroot --tmpdir {base}/tmp --storage-driver overlay "
+              "--cgroup-manager cgroupfs --events-backend file --runtime runc")
+    run = f"{podman} run --rm --network none --ulimit nofile=1024:1024 --ulimit nproc=1024:1024"
+    script = (f"mount -t tmpfs tmpfs /run && mkdir /run/cdi && cp {tmp_path}/nvidia.yaml /run/cdi/ && "
+              f"{podman} load -i {fixtures.image_archive()} >/dev/null && "
+              f"{run} --device nvidia.com/gpu=all {engines.IMAGE} sh -c '{GPU_SCRIPT}' && echo === && "
+              f"{run} --device nvidia.com/gpu=0 {engines.IMAGE} sh -c 'ls /dev/nvidia*'")
+    parents = engines._cgroup_parents("libpod_parent")
+    before = mount_table()
+    try:
+        r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                           text=True, timeout=300)
+    finally:
+        engines._rm_if_new(parents)
+        shutil.rmtree(base, ignore_errors=True)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    everything, one = r.stdout.split("===\n")
+    check_gpu_output(everything)
+    assert "/dev/nvidia0" in one.split() and "/dev/nvidia1" not in one.split(), one
+    assert mount_table() == before
+
+
+def _vendor(tmp_path, **edits) -> str:
+    """Another vendor's spec (hand-written, YAML): a char device, a bind mount, an env var and
+    a createContainer hook that leaves a marker."""
+    d = tmp_path / "cdi"
+    d.mkdir(exist_ok=True)
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    (data / "hello").write_text("vendor data\n")
+    spec = {"cdiVersion": "0.5.0", "kind": "example.com/device",
+            "devices": [{"name": "foo", "containerEdits": {
+                "deviceNodes": [{"path": "/dev/example-null", "hostPath": "/dev/null"}],
+                "env": ["EXAMPLE_DEVICE=foo"]}}],
+            "containerEdits": {"mounts": [{"hostPath": str(data), "containerPath": "/data",
+                                           "options": ["ro", "nosuid", "nodev"]}],
+                               "hooks": [{"hookName": "createContainer", "path": "/bin/sh",
+                                          "args": ["sh", "-c", f"echo ran > {tmp_path}/marker"]}],
+                               **edits}}
+    (d / "example.yaml").write_text(yaml.safe_dump(spec))
+    return str(d)
+
+
+@pytest.mark.parametrize("how", ["annotation", "env"])
+def test_another_vendors_devices_are_edited_in(how, make_bundle, tmp_path, rootfs_debian):
+    spec_dir = _vendor(tmp_path)
+    script = "echo $EXAMPLE_DEVICE; stat -c '%F %t:%T' /dev/example-null; cat /data/hello; id -G"
+    if how == "annotation":
+        bundle = make_bundle(["sh", "-c", script], annotations={"cdi.k8s.io/test": "example.com/device=foo"})
+    else:
+        bundle = make_bundle(["sh", "-c", script], ["NVIDIA_VISIBLE_DEVICES=example.com/device=foo"])
+    before = (mount_table(), tree(rootfs_debian))
+    r = sandbox("--cdi-spec-dir", spec_dir, "run", bundle, "--root", tmp_path / "s")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[:3] == ["foo", "character special file 1:3", "vendor data"], r.stdout
+    assert (tmp_path / "marker").read_text() == "ran\n"
+    assert (mount_table(), tree(rootfs_debian)) == before
+
+
+def test_nvidia_devices_are_served_natively(make_bundle, tmp_path, driver_root):
+    """nvidia.com/gpu=1 from our spec: the native path (our mounts, our cache), GPU 1 only."""
+    spec = generate(driver_root)
+    (tmp_path / "cdi").mkdir()
+    (tmp_path / "cdi" / "nvidia.yaml").write_text(spec.stdout)
+    bundle = make_bundle(["sh", "-c", "ls /dev/nvidia*; cudacheck; echo $NVIDIA_VISIBLE_DEVICES"],
+                         annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=1"})
+    r = sandbox("--cdi-spec-dir", tmp_path / "cdi", "--driver-root", driver_root, "run", bundle,
+                "--root", tmp_path / "s")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.split()
+    assert "/dev/nvidia1" in out and "/dev/nvidia0" not in out and "cuInit" in r.stdout and out[-1] == "1", r.stdout
+
+
+def test_round_trip_same_container_as_the_native_path(make_bundle, tmp_path, driver_root):
+    """Our spec consumed by our own run gives the container the native request gives: the
+    same mounts and the same cache entries."""
+    spec = generate(driver_root)
+    (tmp_path / "cdi").mkdir()
+    (tmp_path / "cdi" / "nvidia.yaml").write_text(spec.stdout)
+    probe = "awk '{print $5}' /proc/self/mountinfo | sort; cat /etc/ld.so.cache | md5sum"
+    native = make_bundle(["sh", "-c", probe], ["NVIDIA_VISIBLE_DEVICES=all"])
+    viacdi = make_bundle(["sh", "-c", probe], ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all"])
+    out = [sandbox("--cdi-spec-dir", tmp_path / "cdi", "--driver-root", driver_root, "run", b, "--root",
+                   tmp_path / "s") for b in (native, viacdi)]
+    assert out[0].returncode == out[1].returncode == 0, (out[0].stderr, out[1].stderr)
+    assert out[0].stdout == out[1].stdout
+
+
+def test_a_bad_spec_is_one_line_and_costs_only_its_own_devices(make_bundle, tmp_path):
+    spec_dir = _vendor(tmp_path)
+    with open(os.path.join(spec_dir, "broken.yaml"), "w") as f:
+        f.write("cdiVersion: 0.5.0\nkind: broken.com/thing\ndevices:\n- name: '1'\n  containerEdits:\n"
+                "    deviceNodes:\n    - path: /dev/x\n      colour: blue\n")
+    good = make_bundle(["sh", "-c", "echo $EXAMPLE_DEVICE"], annotations={"cdi.k8s.io/a": "example.com/device=foo"})
+    r = sandbox("--cdi-spec-dir", spec_dir, "run", good, "--root", tmp_path / "s")
+    assert r.returncode == 0 and r.stdout == "foo\n", r.stderr
+    bad = make_bundle(["true"], annotations={"cdi.k8s.io/a": "broken.com/thing=1"})
+    r = sandbox("--cdi-spec-dir", spec_dir, "run", bad, "--root", tmp_path / "s")
+    line, = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "broken.com/thing=1" in line and "broken.yaml" in line and "colour" in line, line
+    assert not os.listdir(tmp_path / "s")
+
+
+def test_cdi_hook_refuses_bad_arguments_in_one_line(tmp_path):
+    r = subprocess.run([*CLI, "cdi", "hook", "--link", "no-separator"], input='{"id":"x","pid":1,"bundle":"/"}',
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "sandbox cdi: --link 'no-separator': expected NAME::/ABSOLUTE/PATH"), r.stderr

@@ -1,0 +1,84 @@
+"""CDI specs: parsing (JSON and YAML, unknown fields and versions refused), the directories'
+rules (priority, conflicts, one bad file costs only its own devices), requests, merging,
+the version a spec needs, and our YAML writer read back by PyYAML."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+import yaml
+
+from mounts import cdi
+from mounts.errors import BundleError
+
+SPEC = {"cdiVersion": "0.5.0", "kind": "example.com/device",
+        "devices": [{"name": "foo", "containerEdits": {"env": ["A=1"], "deviceNodes": [{"path": "/dev/foo"}]}},
+                    {"name": "bar", "containerEdits": {"env": ["B=2"]}}],
+        "containerEdits": {"mounts": [{"hostPath": "/h", "containerPath": "/c", "options": ["ro"]}]}}
+
+
+def write(d, name, obj):
+    d.mkdir(exist_ok=True)
+    (d / name).write_text(json.dumps(obj) if name.endswith(".json") else yaml.safe_dump(obj))
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"cdiVersion": "9.9.9"}, "cdiVersion '9.9.9'"),
+    ({"kind": "nodomain"}, "kind 'nodomain'"),
+    ({"devices": [{"name": "bad name", "containerEdits": {}}]}, "devices[0].name"),
+    ({"devices": [{"name": "x", "containerEdits": {"colour": "blue"}}]}, "unknown field `colour`"),
+    ({"containerEdits": {"hooks": [{"hookName": "whenever", "path": "/x"}]}}, "hooks[0].hookName"),
+    ({"containerEdits": {"deviceNodes": [{"path": "dev/rel"}]}}, "deviceNodes[0].path"),
+    ({"containerEdits": {"env": ["NOEQUALS"]}}, "env[0]"),
+])
+def test_bad_specs_name_the_file_and_field(change, field):
+    with pytest.raises(BundleError, match=f"^/x/spec.json: .*{field.replace('[', '.').replace(']', '.')}"):
+        cdi.parse(json.dumps({**SPEC, **change}).encode(), "/x/spec.json")
+
+
+def test_yaml_and_json_read_the_same():
+    assert cdi.parse(yaml.safe_dump(SPEC).encode(), "s.yaml") == cdi.parse(json.dumps(SPEC).encode(), "s.json")
+
+
+def test_directories_priority_conflicts_and_bad_files(tmp_path):
+    first, second = tmp_path / "etc", tmp_path / "run"
+    write(first, "a.json", SPEC)
+    write(second, "a.yaml", {**SPEC, "devices": [{"name": "foo", "containerEdits": {"env": ["A=later"]}}]})
+    write(second, "b.json", {**SPEC, "kind": "other.com/x", "devices": [{"name": "1", "containerEdits": {}}]})
+    write(second, "c.json", {**SPEC, "kind": "other.com/x", "devices": [{"name": "1", "containerEdits": {}}]})
+    (second / "broken.json").write_text("{nope")
+    reg = cdi.load([str(first), str(second)])
+    assert reg.qualified_names() == ["example.com/device=bar", "example.com/device=foo"]
+    assert reg.devices["example.com/device=foo"].device.container_edits.env == ["A=later"]  # the later dir
+    assert "other.com/x=1" in reg.errors and "defined by both" in reg.errors["other.com/x=1"]
+    assert str(second / "broken.json") in reg.errors
+    with pytest.raises(BundleError, match="other.com/x=1.*not found.*defined by both"):
+        cdi.resolve(["other.com/x=1"], reg)
+
+
+def test_requests_and_merged_edits(tmp_path):
+    write(tmp_path, "a.json", SPEC)
+    names, rest = cdi.requests_of({"cdi.k8s.io/one": "example.com/device=foo", "other": "x"},
+                                  "0,example.com/device=bar,example.com/device=foo")
+    assert names == ["example.com/device=foo", "example.com/device=bar"] and rest == "0"
+    edits = cdi.merged(cdi.resolve(names, cdi.load([str(tmp_path)])))
+    assert edits.env == ["A=1", "B=2"] and [m.container_path for m in edits.mounts] == ["/c"]  # spec's once
+    with pytest.raises(BundleError, match="not a qualified device name"):
+        cdi.resolve(["justaname"], cdi.load([str(tmp_path)]))
+
+
+def test_the_lowest_version_the_fields_need():
+    spec = cdi.parse(json.dumps(SPEC).encode(), "s.json")
+    assert cdi.minimum_version(spec) == "0.3.0"
+    node = cdi.DeviceNode("/dev/x", host_path="/dev/y")
+    spec = msgspec.structs.replace(spec, container_edits=cdi.ContainerEdits(device_nodes=[node]))
+    assert cdi.minimum_version(spec) == "0.5.0"
+    spec = msgspec.structs.replace(spec, container_edits=cdi.ContainerEdits(additional_gids=[5]))
+    assert cdi.minimum_version(spec) == "0.7.0"
+
+
+def test_yaml_writer_round_trips():
+    obj = {"a": "x: y", "b": [{"c": 1, "d": ["e", "f g"]}, {"h": True}], "i": [], "j": {}, "k": "0.5.0"}
+    assert yaml.safe_load(cdi.to_yaml(obj)) == obj
