@@ -152,15 +152,23 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         with spans.span("seccomp compile", rules=len(spec.linux.seccomp.syscalls)):
             filt = seccomp.compile_filter(spec.linux.seccomp)
     in_userns, userns_path = userns.new_namespace(spec)
-    idmapped, sources = None, None
+    sources = None
     if in_userns:
-        sources = rootfs.clone_bind_sources(spec, start.bundle)
         # raising a hard limit or a real-time policy takes the host's privileges: now, then
         process.set_rlimits(spec.process)
         process.set_scheduling(spec.process, spec.linux.personality)
-        parent, idmapped = _keeper(sock, start, parent, userns_path)  # returns in the namespace
+        parent = _keeper(sock, start, parent, userns_path)  # returns in the namespace, as the host's uid
+        # Our mount namespace now, a copy of the host's that the kernel locks (a container's
+        # root may not remount a read-only bind rw, nor lift a mount to see what it covers):
+        # the bind sources are cloned from it, keeping the locks, while we can still walk
+        # the host's paths as its uid 0 (a 0700 directory of root's).
+        sc.unshare(sc.CLONE_NEWNS)
+        sources = rootfs.clone_bind_sources(spec, start.bundle)
+        userns.become_root()
+        if not start.detached:
+            prctl.set_pdeathsig(signal.SIGKILL)  # (a change of credentials clears it)
     with spans.span("unshare"):
-        flags, joined = rootfs.enter_namespaces(spec)
+        flags, joined = rootfs.enter_namespaces(spec, done=sc.CLONE_NEWNS if in_userns else 0)
         if flags & sc.CLONE_NEWNET:
             sc.loopback_up()
     new_pid = (flags | joined) & sc.CLONE_NEWPID
@@ -182,7 +190,10 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         spans.add("fork pid 1", t)
 
     with spans.span("rootfs"):
-        root = rootfs.prepare_root(spec, start.rootfs, start.overlay_root, start.scratch_size, idmapped)
+        # In a user namespace the image's files stay the host's (nobody's, in there): no
+        # overlay of the whole root, whose directories root in there could not write, but
+        # one per directory that gains an entry, as embedded in another runtime.
+        root = rootfs.prepare_root(spec, start.rootfs, start.overlay_root and not in_userns, start.scratch_size)
     with spans.span("spec mounts", count=len(spec.mounts)):
         rootfs.spec_mounts(root, spec, start.bundle, sources)
     with spans.span("devices"):
@@ -252,10 +263,10 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     process.exec_process(proc, entry, pdeathsig=not start.detached, seccomp=filt, before_exec=start_hooks)
 
 
-def _keeper(sock: socket.socket, start: protocol.Start, parent: int, path: str | None) -> tuple[int, int]:
+def _keeper(sock: socket.socket, start: protocol.Start, parent: int, path: str | None) -> int:
     """Split for the container's user namespace (gofer/userns.py): we stay outside as its
-    keeper and never return; the child returns inside it, as root there, with the keeper's
-    pid (its parent now) and the fd of the idmapped rootfs."""
+    keeper and never return; the child returns inside it, still the host's uid until it
+    becomes root in there, with the keeper's pid (its parent now)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     child = os.fork()
     if child == 0:
@@ -263,25 +274,20 @@ def _keeper(sock: socket.socket, start: protocol.Start, parent: int, path: str |
         keeper = os.getppid()
         if not start.detached:
             prctl.set_pdeathsig(signal.SIGKILL)
-        tree = userns.enter(path, theirs)
-        prctl.set_dumpable(False)  # a change of credentials resets both
-        if not start.detached:  # (detached, the keeper exits as soon as we are set up)
-            prctl.set_pdeathsig(signal.SIGKILL)
-            if os.getppid() != keeper:
-                raise GoferError("the gofer exited before the user namespace was made")
-        return keeper, tree
+        userns.enter(path, theirs)
+        if not start.detached and os.getppid() != keeper:  # (detached, the keeper exits now)
+            raise GoferError("the gofer exited before the user namespace was made")
+        return keeper
     theirs.close()
     if ours.recv(1) == b"u":
         try:
             if path is None:
                 userns.write_maps(child, start.spec)
-            tree = userns.idmapped_root(start.rootfs, path or f"/proc/{child}/ns/user")
         except SandboxError as e:
             os.kill(child, signal.SIGKILL)
             protocol.send(sock, protocol.error_frame(e))
             os._exit(e.exit_code)
-        socket.send_fds(ours, [b"m"], [tree])
-        os.close(tree)
+        ours.send(b"m")
     ours.close()
     sock.close()  # the child speaks for the container from here on
     if start.detached:  # the init outlives us, as in create without a user namespace

@@ -76,11 +76,12 @@ def namespace_flags(spec: Spec) -> tuple[int, list[tuple[str, str]]]:
     return flags, join
 
 
-def enter_namespaces(spec: Spec) -> tuple[int, int]:
+def enter_namespaces(spec: Spec, done: int = 0) -> tuple[int, int]:
     """Join the namespaces the spec names by path, then unshare the new ones. Returns
     (unshared flags, joined flags): the caller forks pid 1 when a pid namespace is among
     either (it applies to children only)."""
     flags, join = namespace_flags(spec)
+    flags &= ~done  # (the mount namespace a user namespace's gofer made first)
     joined = 0
     for nstype, path in join:
         try:
@@ -101,8 +102,7 @@ def enter_namespaces(spec: Spec) -> tuple[int, int]:
     return flags, joined
 
 
-def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: str | None = None,
-                 idmapped: int | None = None) -> Root:
+def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: str | None = None) -> Root:
     """Make our copy of the mount tree private, then the rootfs a mount point of its own.
 
     Propagation first: nothing we mount may leak back to the host's namespace. The rootfs
@@ -115,15 +115,7 @@ def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: s
     # private stays private; slave and shared roots start as slaves (host mounts still reach
     # them, none of ours goes back); propagate_root makes a shared one shared past pivot_root
     sc.mount(None, "/", None, sc.MS_REC | (sc.MS_PRIVATE if prop & (sc.MS_PRIVATE | sc.MS_UNBINDABLE) else sc.MS_SLAVE))
-    if idmapped is None:
-        sc.mount(rootfs, rootfs, None, sc.MS_BIND | sc.MS_REC)
-    else:  # the keeper's idmapped clone (gofer/userns.py), attached where the rootfs is
-        target = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            sc.move_mount(idmapped, target, what=f"idmapped root onto {rootfs}")
-        finally:
-            os.close(target)
-            os.close(idmapped)
+    sc.mount(rootfs, rootfs, None, sc.MS_BIND | sc.MS_REC)
     root = Root(rootfs, scratch_size)
     if overlay:
         root.writable(root.fd, "/")

@@ -221,11 +221,8 @@ class _MountAttr(ctypes.Structure):
                 ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
 
 
-MOUNT_ATTR_IDMAP = 0x00100000
-
-
-def mount_setattr(fd: int, attr_set: int, recursive: bool = False, what: str = "", userns_fd: int = 0) -> None:
-    attr = _MountAttr(attr_set, 0, 0, userns_fd)
+def mount_setattr(fd: int, attr_set: int, recursive: bool = False, what: str = "") -> None:
+    attr = _MountAttr(attr_set, 0, 0, 0)
     flags = AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)
     res = _retry(_syscall, ctypes.c_long(_NR["mount_setattr"]), ctypes.c_int(fd), b"", ctypes.c_uint(flags),
                  ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))

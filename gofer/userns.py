@@ -7,28 +7,25 @@ hostname, and nothing of the host's.
     fork  ------------------------------------>     unshare(CLONE_NEWUSER) (or setns by path)
                    <------ "u" (socketpair) ---
     write /proc/<pid>/uid_map, gid_map
-    clone the rootfs, idmapped to the namespace
-                   ------- "m" + its fd ------>     setresgid/setresuid(0): root in there
-    wait for it (signals, exit status, the          everything else: namespaces, mounts on
-    cgroups if the supervisor dies)                 the idmapped root, pivot_root, the process
+                   ------- "m" --------------->     a mount namespace (locked copies of the
+                                                    host's mounts), the bind sources cloned
+                                                    from it as the host's uid; then root in
+    wait for it (signals, exit status, the          there: the other namespaces, mounts,
+    cgroups if the supervisor dies)                 pivot_root, the container's process
 
 The keeper stays outside because a process in the new namespace has no privilege over the
-host's files: it could not write its own maps, make an idmapped mount, nor remove the
-container's cgroups. The rootfs is idmapped (Linux 5.12) so that its files, the host's
-root's, are the container's root's in there: without that, root in the container could
-create nothing in the image's directories, not even the mount points of its GPU files.
+host's files: it could not write its own maps nor remove the container's cgroups. The
+image's files stay the host's (nobody's in there, as under runc): root in the container
+cannot write them, and the GPU mount points go into overlays of their directories.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 
 from gofer import syscalls as sc
 from mounts.errors import SandboxError
 from mounts.spec import Spec
-
-AT_FDCWD = -100
 
 
 def new_namespace(spec: Spec) -> tuple[bool, str | None]:
@@ -56,27 +53,9 @@ def write_maps(pid: int, spec: Spec) -> None:
                                path=path) from None
 
 
-def idmapped_root(rootfs: str, userns: str) -> int:
-    """A detached clone of ``rootfs`` (and the mounts below it) whose owners are mapped
-    through the user namespace at ``userns``; the caller passes its fd into the namespace."""
-    tree = sc.open_tree(AT_FDCWD, rootfs, sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_RECURSIVE,
-                        what=rootfs)
-    try:
-        ns = os.open(userns, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            sc.mount_setattr(tree, sc.MOUNT_ATTR_IDMAP, recursive=True, what=f"idmap {rootfs}", userns_fd=ns)
-        finally:
-            os.close(ns)
-    except OSError as e:
-        os.close(tree)
-        raise SandboxError(f"root.path {rootfs}: cannot map its owners into the user namespace: {e.strerror} "
-                           "(its filesystem may not support idmapped mounts)", op="idmap", path=rootfs) from None
-    return tree
-
-
-def enter(path: str | None, chan) -> int:
+def enter(path: str | None, chan) -> None:
     """In the forked gofer: a new user namespace (the keeper writes its maps, see above),
-    or the one at ``path``; then become its root. Returns the idmapped root's fd."""
+    or the one at ``path``. We stay the host's uid 0 until become_root()."""
     if path:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -89,14 +68,19 @@ def enter(path: str | None, chan) -> int:
     else:
         sc.unshare(sc.CLONE_NEWUSER)
     chan.send(b"u")
-    msg, fds, _, _ = socket.recv_fds(chan, 1, 1)
-    chan.close()
-    if msg != b"m" or not fds:
+    if chan.recv(1) != b"m":
         raise SandboxError("the user namespace was not set up")
+    chan.close()
+
+
+def become_root() -> None:
+    """Root of the namespace, and not dumpable (a change of credentials resets that)."""
+    import prctl
+
     try:
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)
         os.setgroups([])
     except OSError as e:
         raise SandboxError(f"linux.uidMappings: cannot become the container's root: {e.strerror}") from None
-    return fds[0]
+    prctl.set_dumpable(False)

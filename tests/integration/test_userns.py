@@ -27,9 +27,8 @@ def _bundle(make_bundle, args, env=(), **linux):
 
 
 def test_run_in_a_mapped_user_namespace_as_under_runc(make_bundle, tmp_path, rootfs_debian):
-    """The maps, the ids and the capabilities read the same as under runc; the rootfs (the
-    host's root's files) belongs to the container's root through an idmapped mount (under
-    runc it shows as nobody: the only difference)."""
+    """The maps, the ids, the capabilities and the rootfs's owner (the host's root's files:
+    nobody in there) read the same as under runc."""
     bundle = _bundle(make_bundle, ["sh", "-c", PROBE])
     before = (mount_table(), tree(rootfs_debian))
     ours = sandbox("run", bundle, "--root", tmp_path / "s")
@@ -37,8 +36,7 @@ def test_run_in_a_mapped_user_namespace_as_under_runc(make_bundle, tmp_path, roo
     assert ours.returncode == 0 and theirs.returncode == 0, (ours.stderr, theirs.stderr)
     lines, runc_lines = ours.stdout.splitlines(), theirs.stdout.splitlines()
     assert lines[0].split() == lines[1].split() == ["0", "100000", "65536"]
-    assert lines[3] == "root root" and runc_lines[3] == "nobody nogroup"
-    assert lines[:3] + lines[4:] == runc_lines[:3] + runc_lines[4:]
+    assert lines[3] == "nobody nogroup" and lines == runc_lines
     assert (mount_table(), tree(rootfs_debian)) == before
 
 
@@ -102,3 +100,50 @@ def test_a_mapping_the_kernel_refuses_is_one_line(maps, words, make_bundle, tmp_
     r = sandbox("run", bundle, "--root", tmp_path / "s")
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
     assert (mount_table(), tree(rootfs_debian)) == before and not os.listdir(tmp_path / "s")
+
+
+def test_root_in_there_cannot_write_the_image_nor_plant_setuid_files(make_bundle, tmp_path, rootfs_debian):
+    """The image's files are the host's root's: in the namespace they are nobody's and root
+    there may not write them, writable root or not, CAP_SYS_ADMIN in there or not (an
+    idmapped root let it plant a setuid-root binary on the host's disk)."""
+    script = ("cp /bin/busybox /planted 2>&1 | tail -1; echo x >> /etc/hostname 2>&1 | tail -1; "
+              "mount -o remount,bind,rw / 2>&1 | tail -1; touch /planted2 2>&1 | tail -1")
+    bundle = _bundle(make_bundle, ["sh", "-c", script])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["root"]["readonly"] = False
+    spec["process"]["capabilities"] = {k: ["CAP_SYS_ADMIN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_CHOWN"]
+                                       for k in ("bounding", "effective", "permitted")}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    before = tree(rootfs_debian)
+    r = sandbox("run", bundle, "--root", tmp_path / "s")
+    assert r.returncode == 0, r.stderr
+    assert (r.stdout + r.stderr).count("Permission denied") == 3, (r.stdout, r.stderr)
+    assert tree(rootfs_debian) == before and not (rootfs_debian / "planted").exists()
+
+
+def test_host_mount_locks_hold_in_there(make_bundle, tmp_path):
+    """A bind source that is a read-only bind on the host, and one whose subdirectory a tmpfs
+    covers: root in the namespace (CAP_SYS_ADMIN there) can neither remount the first rw nor
+    lift the tmpfs off the second, as under runc: the sources are cloned from the locked
+    copy of the host's mounts."""
+    ro, covered = tmp_path / "ro", tmp_path / "covered"
+    ro.mkdir()
+    (ro / "file").write_text("host\n")
+    (covered / "secret").mkdir(parents=True)
+    (covered / "secret" / "under").write_text("hidden\n")
+    bundle = _bundle(make_bundle, ["sh", "-c", "mount -o remount,bind,rw /ro 2>&1 | tail -1; "
+                                               "echo changed > /ro/file 2>&1 | tail -1; "
+                                               "umount /covered/secret 2>&1 | tail -1; ls /covered/secret"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["mounts"] += [{"destination": "/ro", "type": "bind", "source": str(ro), "options": ["rbind"]},
+                       {"destination": "/covered", "type": "bind", "source": str(covered), "options": ["rbind"]}]
+    spec["process"]["capabilities"] = {k: ["CAP_SYS_ADMIN"] for k in ("bounding", "effective", "permitted")}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    script = (f"mount --bind -o ro {ro} {ro} && mount -o remount,bind,ro {ro} && "
+              f"mount -t tmpfs tmpfs {covered}/secret && "
+              f"{' '.join(CLI)} --root {tmp_path}/s run {bundle}")
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (ro / "file").read_text() == "host\n"
+    assert "hidden" not in r.stdout and "under" not in r.stdout.split(), r.stdout
