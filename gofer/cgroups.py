@@ -43,7 +43,7 @@ def own_cgroups(pid: int | str = "self") -> dict[str, str]:
             _, controllers, path = line.rstrip("\n").split(":", 2)
             for c in controllers.split(","):
                 name = c.removeprefix("name=")
-                if name and os.path.ismount(os.path.join(ROOT, name)):
+                if name and os.path.ismount(os.path.realpath(os.path.join(ROOT, name))):  # cpu -> cpu,cpuacct
                     out[name] = path
     return out
 

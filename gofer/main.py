@@ -167,6 +167,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         userns.become_root()
         if not start.detached:
             prctl.set_pdeathsig(signal.SIGKILL)  # (a change of credentials clears it)
+    cgroups = rootfs.own_cgroups()  # the container's (we are in them), before a cgroup namespace
     with spans.span("unshare"):
         flags, joined = rootfs.enter_namespaces(spec, done=sc.CLONE_NEWNS if in_userns else 0)
         if flags & sc.CLONE_NEWNET:
@@ -195,7 +196,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         # one per directory that gains an entry, as embedded in another runtime.
         root = rootfs.prepare_root(spec, start.rootfs, start.overlay_root and not in_userns, start.scratch_size)
     with spans.span("spec mounts", count=len(spec.mounts)):
-        rootfs.spec_mounts(root, spec, start.bundle, sources)
+        rootfs.spec_mounts(root, spec, start.bundle, sources, cgroups)
     with spans.span("devices"):
         rootfs.make_devices(root, spec.linux.devices, bind=in_userns)
     with spans.span("gpu mounts") as s:

@@ -122,7 +122,21 @@ def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: s
     return root
 
 
-def _cgroup(root: Root, m: Mount, flags: int) -> None:
+def own_cgroups() -> dict[str, str]:
+    """{v1 hierarchy: our cgroup's path in it}, read before any cgroup namespace is made:
+    in one every path reads "/", and binding "/" would show the container each hierarchy's
+    root (and let it move itself out of its device rules)."""
+    mine = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for c in controllers.split(","):  # the hybrid host's unified one ("0::") is left out
+                if c:
+                    mine[c.removeprefix("name=")] = path
+    return mine
+
+
+def _cgroup(root: Root, m: Mount, flags: int, mine: dict[str, str]) -> None:
     """cgroup v2 hosts get a fresh cgroup2 mount. v1/hybrid hosts get what runc builds: a
     tmpfs with, for each hierarchy, the container's own cgroup of it bound in (so the
     container reads its own limits at /sys/fs/cgroup/memory/memory.limit_in_bytes and sees
@@ -131,13 +145,6 @@ def _cgroup(root: Root, m: Mount, flags: int) -> None:
     if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
         root.mount_fs("cgroup2", "cgroup", m.destination, flags & ~(sc.MS_BIND | sc.MS_REC), None)
         return
-    mine = {}
-    with open("/proc/self/cgroup") as f:
-        for line in f:
-            _, controllers, path = line.rstrip("\n").split(":", 2)
-            for c in controllers.split(","):  # the hybrid host's unified one ("0::") is left out
-                if c:
-                    mine[c.removeprefix("name=")] = path
     tmp = root.mount_fs("tmpfs", "tmpfs", m.destination, sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC, "mode=755")
     root.mark_writable(tmp)
     for name in sorted(os.listdir("/sys/fs/cgroup")):
@@ -214,14 +221,16 @@ def _open_source(m: Mount, bundle: str) -> int:
         raise MountError(m.destination, f"bind source {source}: {e.strerror}") from None
 
 
-def spec_mounts(root: Root, spec: Spec, bundle: str, sources: dict[int, int] | None = None) -> None:
-    """The spec's mounts in order (bind sources from ``sources`` where cloned already)."""
+def spec_mounts(root: Root, spec: Spec, bundle: str, sources: dict[int, int] | None = None,
+                cgroups: dict[str, str] | None = None) -> None:
+    """The spec's mounts in order (bind sources from ``sources`` where cloned already; the
+    cgroup mount shows ``cgroups``, our own_cgroups() as read before the namespaces)."""
     sources = sources or {}
     for i, m in enumerate(spec.mounts):
         flags, prop, data = parse_options(m.options)
         fstype = m.type or ("bind" if flags & sc.MS_BIND else None)
         if fstype == "cgroup":
-            _cgroup(root, m, flags)
+            _cgroup(root, m, flags, cgroups if cgroups is not None else own_cgroups())
             continue
         if fstype in ("proc", "sysfs"):
             _ordinary_dir(root, m.destination)

@@ -237,3 +237,29 @@ def test_systemd_cgroup_manager_is_refused_in_one_line(make_bundle, tmp_path):
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "--systemd-cgroup" in r.stderr and "cgroupfs" in r.stderr, r.stderr
     assert not os.listdir(tmp_path / "s")
+
+
+def test_a_cgroup_namespace_still_shows_only_the_containers_own(make_bundle, tmp_path):
+    """With a cgroup namespace every path in /proc/self/cgroup reads "/": the mount must still
+    be the container's own cgroups (it bound each hierarchy's root, rw, and with CAP_MKNOD the
+    container moved itself into the host's root devices cgroup and read /dev/kmsg)."""
+    marker = f"/sys/fs/cgroup/pids/sandbox-marker-{os.getpid()}"
+    os.mkdir(marker)
+    try:
+        bundle = make_bundle(["sh", "-c", "ls /sys/fs/cgroup/pids; echo $$ > /sys/fs/cgroup/devices/cgroup.procs "
+                                          "2>&1 | tail -1; mknod /dev/k c 1 11; head -c1 /dev/k 2>&1 | tail -1"])
+        spec = json.loads((bundle / "config.json").read_text())
+        spec["linux"]["namespaces"].append({"type": "cgroup"})
+        spec["linux"]["cgroupsPath"] = f"/sandbox-test-{os.getpid()}/{bundle.name}"
+        spec["linux"]["resources"] = {"devices": [{"allow": False, "access": "rwm"}]}
+        spec["process"]["capabilities"] = {k: ["CAP_MKNOD", "CAP_DAC_OVERRIDE"] for k in
+                                           ("bounding", "effective", "permitted")}
+        for m in spec["mounts"]:
+            if m["type"] == "cgroup":
+                m["options"] = [o for o in m["options"] if o != "ro"] + ["rw"]
+        (bundle / "config.json").write_text(json.dumps(spec))
+        r = sandbox("run", bundle, "--root", tmp_path / "s")
+        assert r.returncode == 0, r.stderr
+        assert os.path.basename(marker) not in r.stdout and "Operation not permitted" in r.stdout, r.stdout
+    finally:
+        os.rmdir(marker)
