@@ -222,8 +222,11 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         # sysctls through the container's own /proc, before readonlyPaths close /proc/sys
         # (the keys were checked to belong to namespaces of its own)
         for key, value in spec.linux.sysctl.items():
-            with open("/proc/sys/" + key.replace(".", "/"), "w") as f:
-                f.write(value)
+            fd = sc.open_proc("sys/" + key.replace(".", "/"), os.O_WRONLY)  # the host's procfs: ours
+            try:
+                os.write(fd, value.encode())
+            finally:
+                os.close(fd)
         rootfs.mask_and_protect(spec)
         if spec.root.readonly:
             rootfs.readonly_root(root)

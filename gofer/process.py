@@ -99,16 +99,26 @@ def apply_labels(proc: Process) -> None:
     """The AppArmor profile or SELinux label the next execve takes on (what runc writes),
     through the container's /proc, as the last step before exec."""
     for label, paths in ((proc.apparmor_profile and f"exec {proc.apparmor_profile}",
-                          ("/proc/thread-self/attr/apparmor/exec", "/proc/thread-self/attr/exec")),
-                         (proc.selinux_label, ("/proc/thread-self/attr/exec",))):
+                          ("thread-self/attr/apparmor/exec", "thread-self/attr/exec")),
+                         (proc.selinux_label, ("thread-self/attr/exec",))):
         if not label:
             continue
-        path = next((p for p in paths if os.path.exists(p)), paths[-1])
-        try:
-            with open(path, "w") as f:
-                f.write(label)
-        except OSError as e:
-            raise ProcessError(f"cannot apply {label!r} through {path}: {e.strerror}", path=path) from None
+        for path in paths:  # through the host's procfs: the container's /proc may be anything
+            try:
+                fd = sc.open_proc(path, os.O_WRONLY)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise ProcessError(f"cannot apply {label!r} through /proc/{path}: {e.strerror}") from None
+            try:
+                os.write(fd, label.encode())
+            except OSError as e:
+                raise ProcessError(f"cannot apply {label!r} through /proc/{path}: {e.strerror}") from None
+            finally:
+                os.close(fd)
+            break
+        else:
+            raise ProcessError(f"cannot apply {label!r}: no /proc/thread-self/attr here")
 
 
 def set_scheduling(proc: Process, personality: Personality | None) -> None:

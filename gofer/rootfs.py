@@ -169,6 +169,23 @@ def bind_flags(flags: int) -> tuple[str, ...]:
     return tuple(name for name, bit in MS.items() if flags & bit)
 
 
+# What may be bound over a file of the container's /proc (runc's list: lxcfs's files).
+PROC_BINDS = ("/proc/cpuinfo", "/proc/diskstats", "/proc/meminfo", "/proc/stat", "/proc/swaps", "/proc/uptime",
+              "/proc/loadavg", "/proc/slabinfo", "/proc/net/dev", "/proc/sys/kernel/ns_last_pid")
+
+
+def _proc_is_procfs(m: Mount, fstype: str | None) -> None:
+    """/proc is procfs and nothing else (runc's rule, CVE-2019-16884): an image's VOLUME /proc
+    would put a directory of the image's in its place, where the container's labels and
+    sysctls are written and its processes are looked up."""
+    dest = os.path.normpath("/" + m.destination.lstrip("/"))  # (normpath keeps a leading //)
+    if dest == "/proc" and fstype != "proc":
+        raise MountError(m.destination, f"only procfs may be mounted on /proc (got {fstype or 'none'})")
+    if dest.startswith("/proc/") and fstype != "proc" and dest not in PROC_BINDS:
+        raise MountError(m.destination, f"{fstype or 'a mount'} under /proc is not allowed "
+                         f"(only over {', '.join(PROC_BINDS)})")
+
+
 def _ordinary_dir(root: Root, unsafe_path: str) -> None:
     """proc and sysfs go on a directory reached without symlinks (runc's rule): an image's
     /proc -> / would put them anywhere, and the masks meant for /proc would miss them."""
@@ -234,6 +251,7 @@ def spec_mounts(root: Root, spec: Spec, bundle: str, sources: dict[int, int] | N
             continue
         if fstype in ("proc", "sysfs"):
             _ordinary_dir(root, m.destination)
+        _proc_is_procfs(m, fstype)
         if _is_bind(m):
             detached = i in sources
             src = sources.pop(i) if detached else _open_source(m, bundle)

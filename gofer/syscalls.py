@@ -193,6 +193,17 @@ def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0, what
     return _check(res, "openat2", what or path)
 
 
+# The host's procfs, opened while it is the one at /proc: past pivot_root or setns, /proc is
+# whatever the container's root has there (no procfs at all, or a directory of the image's
+# with a symlink at self/fd/N leading to a FIFO), so our own uses of /proc go through this.
+PROC = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def open_proc(rel: str, flags: int) -> int:
+    """``rel`` under the host's procfs (self/, thread-self/, sys/: ours, our namespaces')."""
+    return os.open(rel, flags | os.O_CLOEXEC, dir_fd=PROC)
+
+
 def open_regular(path_fd: int) -> int | None:
     """A readable fd of what the O_PATH fd ``path_fd`` refers to, if it is a regular file;
     None for anything else. The check comes before any real open: opening an image's FIFO
@@ -201,7 +212,7 @@ def open_regular(path_fd: int) -> int | None:
 
     if not stat.S_ISREG(os.fstat(path_fd).st_mode):
         return None
-    return os.open(fdpath(path_fd), os.O_RDONLY | os.O_CLOEXEC)  # the same file, not a path
+    return open_proc(f"self/fd/{path_fd}", os.O_RDONLY)  # the same file, not a path
 
 
 def open_tree(dirfd: int, path: str, flags: int, what: str = "") -> int:

@@ -123,3 +123,39 @@ def test_spec_mount_onto_a_link_to_the_root_leaves_the_image_alone(link, tmp_pat
     assert (mount_table(), tree(root)) == before, "the image changed"
     assert r.returncode == 1 and r.stderr.strip() == (
         f"sandbox run: /{link}: resolves to the container's root (a symlink to / in the image?)"), r.stderr
+
+
+@pytest.mark.parametrize("mount", [
+    {"destination": "/proc", "type": "bind", "source": "{fake}", "options": ["rbind"]},
+    {"destination": "/proc/self", "type": "bind", "source": "{fake}", "options": ["rbind"]},
+    {"destination": "/proc/sys", "type": "tmpfs", "source": "tmpfs", "options": []},
+])
+def test_nothing_but_procfs_on_proc(mount, make_bundle, tmp_path):
+    """An image's VOLUME /proc (CVE-2019-16884's way): refused in one line, as runc does."""
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    bundle = make_bundle(["true"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["mounts"].append({k: v.format(fake=fake) if isinstance(v, str) else v for k, v in mount.items()})
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = sandbox("run", bundle, "--root", tmp_path / "state")
+    line, = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and line.startswith(f"sandbox run: {mount['destination']}: ") and "/proc" in line, line
+
+
+def test_an_images_own_proc_is_never_used_by_us(tmp_path, rootfs_debian, make_bundle):
+    """No procfs mounted: /proc is the image's directory, here with self/fd/N leading to a
+    FIFO for every N. Looking up HOME must not open it (it hung the init, as root)."""
+    root = tmp_path / "rootfs"
+    shutil.copytree(rootfs_debian, root, symlinks=True)
+    os.mkfifo(root / "fifo")
+    (root / "proc/self/fd").mkdir(parents=True)
+    for n in range(3, 64):
+        os.symlink("/fifo", root / f"proc/self/fd/{n}")
+    bundle = make_bundle(["sh", "-c", "echo $HOME"], rootfs=root)
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["mounts"] = [m for m in spec["mounts"] if m["destination"] != "/proc"]
+    spec["process"]["env"] = [e for e in spec["process"]["env"] if not e.startswith("HOME=")]
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = sandbox("run", bundle, "--root", tmp_path / "state", timeout=30)
+    assert r.returncode == 0 and r.stdout == "/root\n", (r.stdout, r.stderr)
