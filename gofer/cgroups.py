@@ -62,9 +62,12 @@ def device_rules(resources, devices) -> list[Rule]:
     the linux.devices nodes (the plan's GPU nodes come after, through allow())."""
     rules = [Rule(False)]
     for r in (resources.devices if resources is not None else []):
+        if (r.type or "a") == "a":  # every device, whatever numbers or letters follow (v1's and runc's reading)
+            rules.append(Rule(r.allow))
+            continue
         major = None if r.major is None or r.major < 0 else r.major
         minor = None if r.minor is None or r.minor < 0 else r.minor
-        rules.append(Rule(r.allow, r.type or "a", major, minor, r.access or "rwm"))
+        rules.append(Rule(r.allow, r.type, major, minor, r.access or "rwm"))
     rules += DEFAULT_ALLOW
     for d in devices:
         kind = {"u": "c", "p": None}.get(d.type, d.type)

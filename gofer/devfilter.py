@@ -22,7 +22,7 @@ TYPES = {"b": 1, "c": 2}
 ACCESS = {"m": 1, "r": 2, "w": 4}
 
 _LDX_W, _AND32_K, _RSH32_K, _MOV32_X = 0x61, 0x54, 0x74, 0xBC
-_JNE32_K, _MOV64_K, _EXIT = 0x56, 0xB7, 0x95
+_JNE32_K, _JEQ32_K, _MOV64_K, _EXIT = 0x56, 0x16, 0xB7, 0x95
 
 
 class Rule(NamedTuple):
@@ -53,21 +53,28 @@ PROLOGUE = b"".join((
 
 def _block(rule: Rule) -> tuple[bytes, bool]:
     """The instructions of one rule, and whether it matches every request (nothing after an
-    unconditional block could ever run, and the verifier refuses unreachable code)."""
-    tests: list[tuple[int, int] | bytes] = []  # (register, value): on to the next block unless equal
+    unconditional block could ever run, and the verifier refuses unreachable code).
+
+    An allow rule matches a request that asks for nothing beyond its letters; a deny rule
+    one that asks for any of them (v1's deny takes those letters away: `c 1:11 w` after
+    `c 1:11 rwm` leaves read alone allowed, and an open for read and write denied)."""
+    tests: list[tuple[int, int, int] | bytes] = []  # (jump op, register, value): on to the next block
     if rule.type in TYPES:
-        tests.append((2, TYPES[rule.type]))
+        tests.append((_JNE32_K, 2, TYPES[rule.type]))
     mask = sum(ACCESS[c] for c in set(rule.access))
-    if mask != 7:  # the request asks for nothing beyond the rule's letters: r3 & ~mask == 0
-        tests += [_insn(_MOV32_X, 0, 3), _insn(_AND32_K, 0, imm=~mask & 7), (0, 0)]
+    if mask != 7:
+        if rule.allow:  # r3 & ~mask == 0, else on
+            tests += [_insn(_MOV32_X, 0, 3), _insn(_AND32_K, 0, imm=~mask & 7), (_JNE32_K, 0, 0)]
+        else:  # r3 & mask != 0, else on
+            tests += [_insn(_MOV32_X, 0, 3), _insn(_AND32_K, 0, imm=mask), (_JEQ32_K, 0, 0)]
     if rule.major is not None:
-        tests.append((4, rule.major))
+        tests.append((_JNE32_K, 4, rule.major))
     if rule.minor is not None:
-        tests.append((5, rule.minor))
+        tests.append((_JNE32_K, 5, rule.minor))
     n = len(tests) + 2
     out = b""
     for i, t in enumerate(tests):
-        out += t if isinstance(t, bytes) else _insn(_JNE32_K, t[0], off=n - i - 1, imm=t[1])
+        out += t if isinstance(t, bytes) else _insn(t[0], t[1], off=n - i - 1, imm=t[2])
     return out + _insn(_MOV64_K, 0, imm=int(rule.allow)) + _insn(_EXIT), not tests
 
 

@@ -93,6 +93,13 @@ def test_names_that_would_reach_another_file_are_refused(r, field):
         resources(**r)
 
 
+def test_an_all_rule_is_every_device_whatever_numbers_follow():
+    """`a 1:11 rwm` denied resets everything, as v1 and runc read it (numbers ignored)."""
+    rules = device_rules(resources(devices=[{"allow": True, "type": "c", "major": 1, "access": "rwm"},
+                                            {"allow": False, "type": "a", "major": 1, "minor": 11}]), [])
+    assert rules[2] == Rule(False)
+
+
 def test_device_rules_order():
     rules = device_rules(resources(devices=[{"allow": True, "type": "c", "major": 10, "minor": -1, "access": "r"}]),
                          [])

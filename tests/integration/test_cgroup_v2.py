@@ -67,6 +67,9 @@ def _mknod_bundle(make_bundle, script: str, env=(), path: str | None = None):
                                                             ("/dev/null", os.O_WRONLY): False}),
     ([Rule(True, "a")], {("/dev/null", os.O_RDWR): True, ("/dev/zero", os.O_RDWR): True}),
     ([Rule(True, "b", None, None), Rule(True, "c", 2**31 + 5, 0)], {("/dev/null", os.O_RDONLY): False}),
+    # v1's deny takes letters away: read alone stays allowed, read and write is denied
+    ([Rule(True, "c", 1, 3), Rule(False, "c", 1, 3, "w")], {("/dev/null", os.O_RDWR): False,
+                                                            ("/dev/null", os.O_RDONLY): True}),
 ])
 def test_the_kernel_runs_the_rules_as_v1_would(rules, expect):
     """The program for each rule list, attached to a real v2 cgroup, and a child in it
