@@ -129,7 +129,7 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
         # with the host's privileges still ours (a user namespace takes them): raising a
         # hard limit, a real-time policy; the fork below inherits them
         process.set_rlimits(proc)
-        process.set_scheduling(proc, personality)
+        process.set_scheduling(proc, personality, "early")
         for fd, flag, name in fds:
             sc.setns(fd, flag, what=f"the container's {name} namespace")
             os.close(fd)
@@ -146,6 +146,7 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
         if console is not None:
             process.open_console(console, proc)
         entry = process.look_up(proc)
+        process.set_scheduling(proc, personality, "late")  # SCHED_DEADLINE, which forbids our fork
         process.become(proc, filt)
         process.exec_process(proc, entry, pdeathsig=False, seccomp=filt)
     except BaseException as e:

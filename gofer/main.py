@@ -156,7 +156,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     if in_userns:
         # raising a hard limit or a real-time policy takes the host's privileges: now, then
         process.set_rlimits(spec.process)
-        process.set_scheduling(spec.process, spec.linux.personality)
+        process.set_scheduling(spec.process, spec.linux.personality, "early")
         parent = _keeper(sock, start, parent, userns_path)  # returns in the namespace, as the host's uid
         # Our mount namespace now, a copy of the host's that the kernel locks (a container's
         # root may not remount a read-only bind rw, nor lift a mount to see what it covers):
@@ -242,7 +242,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         entry = process.look_up(proc)
         if not in_userns:
             process.set_rlimits(proc)
-            process.set_scheduling(proc, spec.linux.personality)
+        process.set_scheduling(proc, spec.linux.personality, "late" if in_userns else "all")
         process.become(proc, filt)
     spans.add("exec", time.monotonic_ns())
     if start.detached:

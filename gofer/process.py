@@ -14,6 +14,7 @@ import struct
 import termios
 from typing import NamedTuple
 
+import msgspec
 import prctl
 
 from gofer import syscalls as sc
@@ -121,11 +122,18 @@ def apply_labels(proc: Process) -> None:
             raise ProcessError(f"cannot apply {label!r}: no /proc/thread-self/attr here")
 
 
-def set_scheduling(proc: Process, personality: Personality | None) -> None:
+def set_scheduling(proc: Process, personality: Personality | None, part: str = "all") -> None:
     """process.scheduler, process.ioPriority and linux.personality, as runc applies them:
-    while we still hold CAP_SYS_NICE (a real-time policy needs it), before the user changes."""
+    while we still hold CAP_SYS_NICE (a real-time policy needs it), before the user changes.
+    A task under SCHED_DEADLINE cannot fork: where a fork follows, ``part="early"`` leaves
+    that policy out and ``part="late"`` (in the last process) applies it alone."""
+    deadline = proc.scheduler is not None and proc.scheduler.policy == "SCHED_DEADLINE"
+    if part == "late":
+        if not deadline:
+            return
+        personality, proc = None, msgspec.structs.replace(proc, io_priority=None)
     try:
-        if proc.scheduler is not None:
+        if proc.scheduler is not None and not (deadline and part == "early"):
             s = proc.scheduler
             sc.sched_setattr(SCHED_POLICIES[s.policy], sum(SCHED_FLAGS[f] for f in s.flags), s.nice, s.priority,
                              s.runtime, s.deadline, s.period)

@@ -498,6 +498,12 @@ def _validate_seccomp(sc: Seccomp, path: str, check) -> None:
             raise BundleError(f"{path}: {field}: SCMP_ACT_NOTIFY cannot be the default action")
         if action == "SCMP_ACT_NOTIFY" and not sc.listener_path:
             raise BundleError(f"{path}: {field}: SCMP_ACT_NOTIFY needs linux.seccomp.listenerPath")
+    for i, rule in enumerate(sc.syscalls):
+        # the fd goes to the agent by sendmsg, after the filter is loaded: notified itself,
+        # it would wait for the agent that has no fd yet (runc refuses write, its own)
+        if rule.action == "SCMP_ACT_NOTIFY" and set(rule.names) & {"sendmsg", "sendmmsg", "sendto"}:
+            raise BundleError(f"{path}: {where}.syscalls[{i}]: SCMP_ACT_NOTIFY on sendmsg would hang the "
+                              "runtime handing the agent its fd")
     for flag in sc.flags:
         if flag not in SECCOMP_FLAGS:
             raise BundleError(f"{path}: {where}.flags: unknown flag {flag!r}")

@@ -92,6 +92,8 @@ def sandbox_argv() -> list[str]:
     ({"defaultAction": "SCMP_ACT_NOTIFY"}, ["SCMP_ACT_NOTIFY cannot be the default action"]),
     ({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["mkdir"], "action": "SCMP_ACT_NOTIFY"}]},
      ["syscalls[0].action", "needs linux.seccomp.listenerPath"]),
+    ({"defaultAction": "SCMP_ACT_ALLOW", "listenerPath": "/x",
+      "syscalls": [{"names": ["sendmsg"], "action": "SCMP_ACT_NOTIFY"}]}, ["syscalls[0]", "sendmsg"]),
     ({"defaultAction": "SCMP_ACT_ALLOW", "flags": ["SECCOMP_FILTER_FLAG_BOGUS"]}, ["unknown flag"]),
 ])
 def test_bad_profiles_are_one_line(bad, words, make_bundle, tmp_path):

@@ -215,3 +215,20 @@ def test_scheduler_io_priority_and_personality(make_bundle, tmp_path):
     (bundle / "config.json").write_text(json.dumps(spec))
     r = run(bundle, tmp_path)
     assert r.returncode == 2 and "process.scheduler.flags: unknown flag 'SCHED_FLAG_NOPE'" in r.stderr, r.stderr
+
+
+def test_sched_deadline_is_set_last(make_bundle, tmp_path):
+    """A task under SCHED_DEADLINE cannot fork: the policy is the last thing set, in the
+    process that execs, for run and for exec (it broke exec's fork)."""
+    bundle = make_bundle(["sleep", "30"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["scheduler"] = {"policy": "SCHED_DEADLINE", "runtime": 10_000_000, "deadline": 100_000_000,
+                                    "period": 100_000_000}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    root = tmp_path / "state"
+    assert create(root, bundle, "dl1").returncode == 0
+    try:
+        r = sandbox("--root", root, "exec", "dl1", "cut", "-d", " ", "-f", "41", "/proc/self/stat")
+        assert r.returncode == 0 and r.stdout.strip() == "6", (r.stdout, r.stderr)
+    finally:
+        sandbox("--root", root, "delete", "--force", "dl1")
