@@ -199,6 +199,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         rootfs.spec_mounts(root, spec, start.bundle, sources, cgroups)
     with spans.span("devices"):
         rootfs.make_devices(root, spec.linux.devices, bind=in_userns)
+        rootfs.ensure_cwd(root, spec.process.cwd)
     with spans.span("gpu mounts") as s:
         s.args["requests"] = _gpu_requests(sock, root, spans)
         s.args["overlays"] = len(root.overlays)

@@ -261,32 +261,39 @@ class Entry(NamedTuple):
     """What the process takes from the image, looked up as root inside the root before the
     user changes and before any seccomp filter is loaded (a profile may well deny openat2)."""
 
-    cwd: int  # O_PATH fd of process.cwd, resolved without magic links
+    cwd: int | None  # O_PATH fd of process.cwd still to enter as the user, None once entered
     home: str
 
 
 def look_up(proc: Process) -> Entry:
+    """Resolve process.cwd inside the root without magic links (CVE-2024-21626) and enter
+    it by fd now, as root, as runc does first: a cwd the user may not search (a 0700 /root)
+    is still the process's. Only where root is refused (a cwd the container's user owns on
+    a root-squashing mount) does the user try, once it is the user."""
     try:
         cwd = _in_root(proc.cwd, os.O_PATH | os.O_DIRECTORY)
     except OSError as e:
         raise ProcessError(f"process.cwd {proc.cwd}: {e.strerror}") from None
+    try:
+        os.fchdir(cwd)
+    except PermissionError:
+        pass
+    else:
+        os.close(cwd)
+        cwd = None
     env = dict(item.partition("=")[::2] for item in proc.env)
     return Entry(cwd, env["HOME"] if "HOME" in env else home_of(proc.user.uid))
 
 
 def _enter_cwd(proc: Process, entry: Entry) -> None:
-    """chdir as the container's user (its permissions apply, as under runc), to the very
-    directory look_up() resolved: a path that now leads elsewhere (a link swapped since,
-    a magic link) is refused."""
+    if entry.cwd is None:
+        return
     try:
-        os.chdir(proc.cwd)
-        here, there = os.stat("."), os.fstat(entry.cwd)
+        os.fchdir(entry.cwd)
     except OSError as e:
         raise ProcessError(f"process.cwd {proc.cwd}: {e.strerror}") from None
     finally:
         os.close(entry.cwd)
-    if (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
-        raise ProcessError(f"process.cwd {proc.cwd}: leads elsewhere than it did inside the root")
 
 
 def exec_process(proc: Process, entry: Entry, pdeathsig: bool = True, seccomp=None, before_exec=None) -> None:

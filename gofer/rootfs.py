@@ -324,6 +324,17 @@ def _bind_host_node(root: Root, path: str, fmt: int, major: int, minor: int) -> 
         os.close(src)
 
 
+def ensure_cwd(root: Root, cwd: str) -> None:
+    """process.cwd made where the image lacks it (runc makes it too: an image's WORKDIR need
+    not exist), in an overlay of its parent like any entry we add: the image stays as it is."""
+    try:
+        os.close(root.open(cwd, os.O_PATH | os.O_DIRECTORY))
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            root.ensure_dir(cwd)
+        # else not a directory, a link out: process.cwd's own error, from look_up
+
+
 def pivot(root: Root) -> None:
     """pivot_root into the rootfs and drop the old root.
 

@@ -9,7 +9,7 @@ import subprocess
 import fixtures
 import pytest
 
-from tests.integration.helpers import create, mount_table, sandbox
+from tests.integration.helpers import create, mount_table, sandbox, tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -232,3 +232,31 @@ def test_sched_deadline_is_set_last(make_bundle, tmp_path):
         assert r.returncode == 0 and r.stdout.strip() == "6", (r.stdout, r.stderr)
     finally:
         sandbox("--root", root, "delete", "--force", "dl1")
+
+
+def test_cwd_is_made_if_missing_and_entered_as_root_first(make_bundle, tmp_path, rootfs_debian):
+    """As under runc: a missing process.cwd is made (in an overlay: the image stays as it is,
+    where runc makes it in the image), and a cwd the user may not search (root's 0700 home)
+    is entered as root first."""
+    import shutil
+
+    before = tree(rootfs_debian)
+    bundle = make_bundle(["sh", "-c", "pwd"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["cwd"] = "/work/dir"
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = run(bundle, tmp_path)
+    assert r.returncode == 0 and r.stdout == "/work/dir\n", (r.stdout, r.stderr)
+    assert tree(rootfs_debian) == before
+    root = tmp_path / "rootfs"
+    shutil.copytree(rootfs_debian, root, symlinks=True)
+    (root / "root").chmod(0o700)
+    bundle = make_bundle(["sh", "-c", "pwd; ls . 2>&1 | tail -1"], rootfs=root)
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["cwd"], spec["process"]["user"] = "/root", {"uid": 1000, "gid": 1000}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    ours = run(bundle, tmp_path)
+    theirs = subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "-b", str(bundle), f"cwd{os.getpid()}"],
+                            capture_output=True, text=True, timeout=60)
+    assert ours.returncode == 0 and ours.stdout.startswith("/root\n"), (ours.stdout, ours.stderr)
+    assert ours.stdout == theirs.stdout, (ours.stdout, theirs.stdout, theirs.stderr)
