@@ -45,8 +45,9 @@ def may_ptrace(argv: list[str], verb: str) -> bool:
         value = argv[i + 1] if i + 1 < len(argv) else ""
         if a in ("-b", "--bundle"):
             files.append(os.path.join(value, "config.json"))
-        elif a.startswith("--bundle="):
-            files.append(os.path.join(a.partition("=")[2], "config.json"))
+        elif a.startswith(("--bundle=", "-b")):  # --bundle=B, -bB, -b=B
+            files.append(os.path.join(a.removeprefix("--bundle=").removeprefix("-b").removeprefix("="),
+                                      "config.json"))
         elif a in ("--process", "-p"):
             files.append(value)
         elif a == "--root":
