@@ -339,6 +339,12 @@ def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
 _NATIVE = re.compile(r"all|[0-9]{1,9}|GPU-[0-9a-fA-F-]{1,64}")
 
 
+def is_native(name: str) -> bool:
+    """An NVIDIA GPU by index, UUID or all: served as NVIDIA_VISIBLE_DEVICES, not edited in."""
+    kind, _, dev = name.partition("=")
+    return kind == KIND and bool(_NATIVE.fullmatch(dev))
+
+
 def apply(spec, names: list[str], dirs: list[str]) -> tuple[Any, list[str]]:
     """``spec`` (the OCI config) with the CDI devices ``names`` applied, and the warnings
     to print. NVIDIA's GPUs by index, UUID or ``all`` (our spec's, or nvidia-ctk's) are not
@@ -350,8 +356,8 @@ def apply(spec, names: list[str], dirs: list[str]) -> tuple[Any, list[str]]:
 
     proc = spec.process
     _, rest = requests_of({}, proc.getenv("NVIDIA_VISIBLE_DEVICES"))
-    native = [n.partition("=")[2] for n in names if n.partition("=")[0] == KIND and _NATIVE.fullmatch(n.partition("=")[2])]
-    others = [n for n in names if not (n.partition("=")[0] == KIND and _NATIVE.fullmatch(n.partition("=")[2]))]
+    native = [n.partition("=")[2] for n in names if is_native(n)]
+    others = [n for n in names if not is_native(n)]
     env = [e for e in proc.env if not e.startswith("NVIDIA_VISIBLE_DEVICES=")]
     visible = ",".join(x for x in (rest, *native) if x)
     if visible:

@@ -166,3 +166,17 @@ def test_cdi_hook_refuses_bad_arguments_in_one_line(tmp_path):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and r.stderr.strip() == (
         "sandbox cdi: --link 'no-separator': expected NAME::/ABSOLUTE/PATH"), r.stderr
+
+
+def test_the_hook_serves_nvidias_cdi_names_and_refuses_others(make_bundle, driver_root, tmp_path):
+    from tests.integration.test_hook import install, runc
+
+    bundle = make_bundle(["sh", "-c", "ls /dev/nvidia*; cudacheck"], ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0"])
+    install(bundle, driver_root)
+    r = runc(bundle, tmp_path / "state", "ch1")
+    assert r.returncode == 0 and "/dev/nvidia0" in r.stdout and "/dev/nvidia1" not in r.stdout, r.stderr
+    assert "cuInit found" in r.stdout
+    other = make_bundle(["true"], annotations={"cdi.k8s.io/x": "example.com/device=foo"})
+    install(other, driver_root)
+    r = runc(other, tmp_path / "state", "ch2")
+    assert r.returncode != 0 and "sandbox hook: CDI device 'example.com/device=foo'" in r.stderr, r.stderr
