@@ -48,17 +48,9 @@ def generate(args) -> int:
     if not args.output:
         sys.stdout.write(text)
         return 0
-    tmp = f"{args.output}.{os.getpid()}.tmp"  # written whole or not at all
-    try:
-        with open(tmp, "x") as f:
-            f.write(text)
-        os.replace(tmp, args.output)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise SandboxError(f"--output {args.output}: {e.strerror}") from None
+    from sandbox.launch import write_atomically
+
+    write_atomically(args.output, text.encode(), "--output")
     return 0
 
 

@@ -360,6 +360,11 @@ def exit_code(status: int) -> int:
 
 def write_pid_file(path: str, pid: int) -> None:
     """The init's pid, written atomically (engines read it as soon as we exit)."""
+    write_atomically(path, str(pid).encode(), "--pid-file")
+
+
+def write_atomically(path: str, data: bytes, what: str) -> None:
+    """``data`` at ``path`` whole or not at all (a one-line error naming ``what``)."""
     from mounts.errors import SandboxError
 
     path = os.path.abspath(path)
@@ -369,7 +374,7 @@ def write_pid_file(path: str, pid: int) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
-            os.write(fd, str(pid).encode())
+            os.write(fd, data)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -378,4 +383,4 @@ def write_pid_file(path: str, pid: int) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        raise SandboxError(f"--pid-file {path}: {e.strerror}") from None
+        raise SandboxError(f"{what} {path}: {e.strerror}") from None

@@ -83,15 +83,22 @@ def test_no_gpu_bundle_touches_nothing(make_bundle, driver_root, tmp_path):
     assert "nvidia" not in r.stdout
 
 
-def test_hook_error_refuses_the_container_and_leaves_nothing(make_bundle, driver_root, tmp_path, rootfs_debian):
-    """/usr/bin is a file in this image: devices and libraries are mounted, then the binaries
-    fail. runc must refuse to start, and every mount the hook made must be gone."""
+def usr_bin_is_a_file(tmp_path, rootfs_debian):
+    """A copy of the image whose /usr/bin is a file (a shell kept at /sh): the binaries of the
+    plan cannot be mounted, after its devices and libraries were."""
     root = tmp_path / "rootfs"
     shutil.copytree(rootfs_debian, root, symlinks=True)
     shutil.copy2(rootfs_debian / "usr/bin/busybox", root / "sh")
     shutil.rmtree(root / "usr/bin")
     (root / "usr/bin").write_text("not a directory\n")
     (root / "bin").unlink()
+    return root
+
+
+def test_hook_error_refuses_the_container_and_leaves_nothing(make_bundle, driver_root, tmp_path, rootfs_debian):
+    """/usr/bin is a file in this image: devices and libraries are mounted, then the binaries
+    fail. runc must refuse to start, and every mount the hook made must be gone."""
+    root = usr_bin_is_a_file(tmp_path, rootfs_debian)
     bundle = make_bundle(["/sh", "-c", "echo container ran"], ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=root)
     install(bundle, driver_root, "--trace", tmp_path / "hook.json")
     before = (mount_table(), tree(root))

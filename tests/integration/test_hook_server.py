@@ -4,7 +4,6 @@ two at once as well; killed, the hooks do the work themselves; errors are still 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -13,7 +12,7 @@ import time
 import pytest
 
 from tests.integration.helpers import CLI, mount_table, tree
-from tests.integration.test_hook import SCRIPT, check_gpu_output, install, runc
+from tests.integration.test_hook import SCRIPT, check_gpu_output, install, runc, usr_bin_is_a_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -98,12 +97,7 @@ def test_a_killed_server_leaves_the_hook_working(server, make_bundle, driver_roo
 def test_an_error_through_the_server_is_one_line_and_leaves_nothing(server, make_bundle, driver_root, tmp_path,
                                                                     rootfs_debian):
     path, log, _ = server
-    root = tmp_path / "rootfs"
-    shutil.copytree(rootfs_debian, root, symlinks=True)
-    shutil.copy2(rootfs_debian / "usr/bin/busybox", root / "sh")
-    shutil.rmtree(root / "usr/bin")
-    (root / "usr/bin").write_text("not a directory\n")
-    (root / "bin").unlink()
+    root = usr_bin_is_a_file(tmp_path, rootfs_debian)
     bundle = make_bundle(["/sh", "-c", "echo container ran"], ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=root)
     install(bundle, driver_root, "--server", path)
     before = (mount_table(), tree(root))
