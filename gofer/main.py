@@ -194,7 +194,8 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         # In a user namespace the image's files stay the host's (nobody's, in there): no
         # overlay of the whole root, whose directories root in there could not write, but
         # one per directory that gains an entry, as embedded in another runtime.
-        root = rootfs.prepare_root(spec, start.rootfs, start.overlay_root and not in_userns, start.scratch_size)
+        root = rootfs.prepare_root(spec, start.rootfs, start.overlay_root and not in_userns, start.scratch_size,
+                                   in_userns)
     with spans.span("spec mounts", count=len(spec.mounts)):
         rootfs.spec_mounts(root, spec, start.bundle, sources, cgroups)
     with spans.span("devices"):

@@ -76,8 +76,11 @@ USE_MOUNT_API = True
 class Root:
     """The rootfs at ``path`` (already a mount point in our private namespace)."""
 
-    def __init__(self, path: str, scratch_size: str | None = None):
+    def __init__(self, path: str, scratch_size: str | None = None, upper_owner: tuple[int, int] | None = None):
         self.fd = os.open(path, O_PATH_DIR)
+        # who owns an overlay's top: the image directory's owner, unless told (in a user
+        # namespace that owner reads as the overflow uid, a real uid of a wide map there)
+        self.upper_owner = upper_owner
         self.scratch_size = scratch_size or SCRATCH_SIZE
         self.writable_devs: set[int] = set()  # filesystems we may add entries to
         self.overlays: dict[tuple[int, int], int] = {}  # lower dir (dev, ino) -> overlay root fd
@@ -232,7 +235,7 @@ class Root:
         for sub in ("upper", "work"):
             os.mkdir(f"o{n}/{sub}", 0o755, dir_fd=s)
         # the overlay's root takes its owner and mode from the upper dir
-        os.chown(f"o{n}/upper", st.st_uid, st.st_gid, dir_fd=s)
+        os.chown(f"o{n}/upper", *(self.upper_owner or (st.st_uid, st.st_gid)), dir_fd=s)
         os.chmod(f"o{n}/upper", stat.S_IMODE(st.st_mode), dir_fd=s)
         # An overlay on a directory hides every mount below it (an earlier overlay, /dev,
         # /proc ...): clone those subtrees first and put them back on top afterwards.

@@ -102,7 +102,8 @@ def enter_namespaces(spec: Spec, done: int = 0) -> tuple[int, int]:
     return flags, joined
 
 
-def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: str | None = None) -> Root:
+def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: str | None = None,
+                 in_userns: bool = False) -> Root:
     """Make our copy of the mount tree private, then the rootfs a mount point of its own.
 
     Propagation first: nothing we mount may leak back to the host's namespace. The rootfs
@@ -116,7 +117,9 @@ def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: s
     # them, none of ours goes back); propagate_root makes a shared one shared past pivot_root
     sc.mount(None, "/", None, sc.MS_REC | (sc.MS_PRIVATE if prop & (sc.MS_PRIVATE | sc.MS_UNBINDABLE) else sc.MS_SLAVE))
     sc.mount(rootfs, rootfs, None, sc.MS_BIND | sc.MS_REC)
-    root = Root(rootfs, scratch_size)
+    # in a user namespace our overlays belong to root there: its nobody (the image's owner,
+    # as it reads in there) must not gain the image's directories
+    root = Root(rootfs, scratch_size, (0, 0) if in_userns else None)
     if overlay:
         root.writable(root.fd, "/")
     return root

@@ -147,3 +147,27 @@ def test_host_mount_locks_hold_in_there(make_bundle, tmp_path):
     assert r.returncode == 0, r.stderr
     assert (ro / "file").read_text() == "host\n"
     assert "hidden" not in r.stdout and "under" not in r.stdout.split(), r.stdout
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_nobody_in_there_gains_no_image_directory(gpu, make_bundle, tmp_path, driver_root, rootfs_debian):
+    """An image directory we overlay (for a new mount point, a GPU file) reads as owned by
+    the overflow uid in there, a real uid of a wide map: the overlay's top is root's there,
+    so that uid (the container's nobody) cannot write it. A small map works too."""
+    target = "/usr/lib/x86_64-linux-gnu" if gpu else "/etc"
+    script = f"touch {target}/pwned 2>&1 | tail -1; ls {target}/pwned 2>&1 | tail -1"
+    for size in (65536, 1000):
+        mapping = [{"containerID": 0, "hostID": 100000, "size": size}]
+        bundle = _bundle(make_bundle, ["sh", "-c", script], ["NVIDIA_VISIBLE_DEVICES=all"] if gpu else [],
+                         uidMappings=mapping, gidMappings=mapping)
+        spec = json.loads((bundle / "config.json").read_text())
+        spec["root"]["readonly"] = False
+        spec["process"]["user"] = {"uid": 999, "gid": 999} if size == 1000 else {"uid": 65534, "gid": 65534}
+        if not gpu:
+            spec["mounts"].append({"destination": "/etc/newfile", "type": "bind", "source": "/dev/null",
+                                   "options": ["bind"]})
+        (bundle / "config.json").write_text(json.dumps(spec))
+        r = sandbox("run", bundle, "--root", tmp_path / "s", "--driver-root", driver_root)
+        assert r.returncode == 0, (size, r.stderr)
+        assert "Permission denied" in r.stdout and "No such file" in r.stdout, (size, r.stdout)
+    assert not (rootfs_debian / target.lstrip("/") / "pwned").exists()
