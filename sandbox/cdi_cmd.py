@@ -83,7 +83,39 @@ def hook(args) -> int:
             raise BundleError(f"--cache-entry {item!r}: FLAGS is not a number") from None
     if entries:
         actions.append(A.LdCache("", "/etc/ld.so.cache", A.RO_LIB, tuple(entries)))
+    _in_the_containers_mount_namespace()
     bundle = load_bundle(state.bundle)
-    # createContainer: we are in the container's own mount namespace already
     apply_plan(actions, bundle.rootfs)
     return 0
+
+
+def _in_the_containers_mount_namespace() -> None:
+    """A createContainer hook runs in the container's mount namespace (runc, crun): there we
+    mount. Anywhere else (the host's, moved to prestart, run by hand) nothing is mounted:
+    ours must not be the mount namespace of the processes that started us (the runtime's,
+    outside), which it is when the hook is run from the host."""
+    def mnt(p: int | str) -> int | None:
+        try:
+            return os.stat(f"/proc/{p}/ns/mnt").st_ino
+        except OSError:
+            return None
+
+    def parent(p: int | str) -> int:  # as the /proc we read numbers it (our own pid namespace may not)
+        with open(f"/proc/{p}/status", "rb") as f:
+            return int(next(line for line in f if line.startswith(b"PPid:")).split()[1])
+
+    ours = mnt("self")
+    outside, p = False, parent("self")
+    for _ in range(64):  # our ancestors, up to where /proc lets us see (pid 1 may be hidden)
+        ns = mnt(p)
+        if ns is None or p <= 1:
+            break
+        if ns != ours:
+            outside = True
+            break
+        p = parent(p)
+    # (the state's pid may be the init's in its own pid namespace, where runc runs the hook:
+    # it names nothing in the /proc we see, so the test is on our ancestors alone)
+    if ours is None or ours == mnt(1) or not outside:
+        raise SandboxError("runs only as a createContainer hook, in the container's mount namespace "
+                           "(not the one of the runtime that started it); refusing to mount here")

@@ -180,3 +180,15 @@ def test_the_hook_serves_nvidias_cdi_names_and_refuses_others(make_bundle, drive
     install(other, driver_root)
     r = runc(other, tmp_path / "state", "ch2")
     assert r.returncode != 0 and "sandbox hook: CDI device 'example.com/device=foo'" in r.stderr, r.stderr
+
+
+def test_cdi_hook_outside_the_containers_mount_namespace_mounts_nothing(make_bundle, tmp_path):
+    """Run by hand (or as prestart) it would mount in the host's tree: refused, nothing left."""
+    bundle = make_bundle(["true"])
+    before = mount_table()
+    state = json.dumps({"id": "x", "pid": os.getpid(), "bundle": str(bundle)})
+    r = subprocess.run([*CLI, "cdi", "hook", "--link", "libx.so.1::/usr/lib/x86_64-linux-gnu/libx.so",
+                        "--cache-entry", "libx.so.1::/usr/lib/x86_64-linux-gnu/libx.so.1::0x303"],
+                       input=state, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "refusing to mount here" in r.stderr, r.stderr
+    assert mount_table() == before
