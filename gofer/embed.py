@@ -44,14 +44,20 @@ def join_mount_namespace(pid: int) -> None:
 
 def apply_plan(actions: Iterable[Action], rootfs: str, pid: int | None = None) -> int:
     """Perform ``actions`` inside ``rootfs`` (as the mount namespace sees it); returns how
-    many were applied. With ``pid``, first allow the GPU nodes in its cgroup v1 devices
-    controller (host side), then join its mount namespace. On any error, everything already
-    mounted is detached again and the error is raised."""
+    many were applied. With ``pid``, first allow the GPU nodes in its device rules (host
+    side), then join its mount namespace. On any error, everything already mounted is
+    detached again, the device rules are put back, and the error is raised."""
     actions = list(actions)
+    undo_devices = None
     if pid is not None:
         check_mount_namespace(pid)  # first: a stale pid must not get GPU nodes in anyone's cgroup
-        allow_devices(pid, [(a.major, a.minor) for a in actions if isinstance(a, Device)])
-        join_mount_namespace(pid)
+        undo_devices = allow_devices(pid, [(a.major, a.minor) for a in actions if isinstance(a, Device)])
+        try:
+            join_mount_namespace(pid)
+        except BaseException:
+            if undo_devices is not None:
+                undo_devices()
+            raise
     root = Root(rootfs)
     n = 0
     try:
@@ -62,6 +68,8 @@ def apply_plan(actions: Iterable[Action], rootfs: str, pid: int | None = None) -
             n += 1
     except BaseException:
         root.undo()
+        if undo_devices is not None:  # (the host's cgroupfs: reached from here by path)
+            undo_devices()
         raise
     finally:
         root.close()

@@ -52,7 +52,7 @@ def _mounts_below(host_dir: str) -> list[str]:
     order they were mounted (mountinfo's): put back in that order they keep it, as the
     spec's mounts list wants."""
     prefix = host_dir.rstrip("/") + "/"
-    with open("/proc/self/mountinfo") as f:
+    with open(sc.open_proc("self/mountinfo", os.O_RDONLY)) as f:  # (ours, whatever /proc is here)
         points = [_unescape(line.split(" ", 5)[4]) for line in f]
     out: list[str] = []
     for mp in points:
@@ -196,10 +196,10 @@ class Root:
         except OSError:
             return
         try:
-            with open(f"/proc/self/fdinfo/{fd}") as f:
+            with open(sc.open_proc(f"self/fdinfo/{fd}", os.O_RDONLY)) as f:
                 mnt_id = next(line.split()[1] for line in f if line.startswith("mnt_id:"))
             real = os.readlink(sc.fdpath(fd))
-            with open("/proc/self/mountinfo") as f:
+            with open(sc.open_proc("self/mountinfo", os.O_RDONLY)) as f:
                 for line in f:
                     left, _, right = line.partition(" - ")
                     fields = left.split()

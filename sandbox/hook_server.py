@@ -43,17 +43,21 @@ def forward(argv: list[str]) -> int | None:
 
     from sandbox.jsonlite import dumps, loads
 
+    if "--trace" in argv:
+        return None  # a trace is written by the hook itself, never by the server for it
     path = _server_path(argv)
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
     try:
         s.connect(path)
-    except OSError:
-        s.close()
-        return None
-    try:
+        _pid, uid, _gid = _unpack_cred(s.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12))
+        if uid != 0:
+            raise OSError("the server is not root's")
         state = sys.stdin.buffer.read()
+        sys.stdin = _replay(state)  # should the server be of no use, the hook reads it again here
         s.sendall(dumps({"argv": argv, "stdin": state.decode("utf-8", "surrogateescape")}).encode())
         reply = s.recv(MAX_REQUEST)
+    except OSError:
+        return None  # no server, not root's, a state too big for one message: do it here
     finally:
         s.close()
     if not reply:
@@ -65,11 +69,54 @@ def forward(argv: list[str]) -> int | None:
     return answer["code"]
 
 
+def _unpack_cred(data: bytes) -> tuple[int, int, int]:
+    return int.from_bytes(data[0:4], "little", signed=True), int.from_bytes(data[4:8], "little"), \
+        int.from_bytes(data[8:12], "little")
+
+
+def _replay(data: bytes):
+    import io
+
+    return io.TextIOWrapper(io.BytesIO(data))
+
+
+def _trusted_peer(conn) -> bool:
+    """The client must be what a runtime's hook is: root with CAP_SYS_ADMIN, in our user and
+    mount namespaces (a uid-0 process without capabilities, or a container's root, may not
+    have us widen a container's device rules or mount into it)."""
+    import socket
+
+    pid, uid, _gid = _unpack_cred(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if uid != 0 or pid <= 0:
+        return False
+    try:
+        pidfd = conn.getsockopt(socket.SOL_SOCKET, 77)  # SO_PEERPIDFD (6.5): the very process, not a reused pid
+    except OSError:
+        pidfd = None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+        same = all(os.stat(f"/proc/{pid}/ns/{ns}").st_ino == os.stat(f"/proc/self/ns/{ns}").st_ino
+                   for ns in ("user", "mnt"))
+        if pidfd is not None:
+            with open(f"/proc/self/fdinfo/{pidfd}") as f:
+                same = same and any(line.split() == ["Pid:", str(pid)] for line in f)
+    except (OSError, StopIteration, ValueError):
+        return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    return bool(caps & (1 << 21)) and same  # CAP_SYS_ADMIN
+
+
+MAX_CHILDREN = 64  # hooks served at once; more wait in the listen queue
+REQUEST_TIMEOUT = 30.0  # s for a client to send its request
+
+
 def serve(args) -> int:
     """`sandbox hook serve [--server PATH]`: listen until SIGTERM or SIGINT."""
     import signal
-    import socket
-    import struct
+    import time
 
     from mounts.errors import SandboxError
 
@@ -91,9 +138,11 @@ def serve(args) -> int:
             except InterruptedError:
                 continue
             with conn:
-                _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-                if uid != 0:
-                    continue  # only root runs container runtimes' hooks
+                if not _trusted_peer(conn):
+                    continue
+                while len(_children) >= MAX_CHILDREN:
+                    time.sleep(0.01)  # until one ends (SIGCHLD reaps it)
+                conn.settimeout(REQUEST_TIMEOUT)
                 child = os.fork()
                 if child == 0:
                     listener.close()
@@ -105,13 +154,15 @@ def serve(args) -> int:
                         print(f"sandbox hook serve: {e}", file=sys.stderr)
                     finally:
                         os._exit(code)
+                _children.add(child)
     except SandboxError as e:
         print(f"sandbox hook serve: {e}", file=sys.stderr)
         return 1
     finally:
         listener.close()
         try:
-            os.unlink(path)
+            if _bound.get(path) == os.lstat(path).st_ino:  # ours still, not a newer server's
+                os.unlink(path)
         except OSError:
             pass
 
@@ -121,7 +172,12 @@ def _listen(path: str):
 
     from mounts.errors import SandboxError
 
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    st = os.lstat(directory)
+    if st.st_uid != 0 or st.st_mode & 0o022 or not os.path.isdir(directory) or os.path.islink(directory):
+        raise SandboxError(f"--server {path}: {directory} must be a directory of root's that no one else may "
+                           "write (another user could take the socket's place)")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
         probe.connect(path)
@@ -142,7 +198,12 @@ def _listen(path: str):
     finally:
         os.umask(umask)
     listener.listen(64)
+    _bound[path] = os.lstat(path).st_ino
     return listener
+
+
+_bound: dict[str, int] = {}  # socket path -> the inode we bound there
+_children: set[int] = set()
 
 
 def _handle(conn) -> int:
@@ -160,7 +221,7 @@ def _handle(conn) -> int:
     try:
         request = loads(conn.recv(MAX_REQUEST).decode())
         args = cli.hook_args(request["argv"])
-        if args is None:
+        if args is None or args.trace:  # (a trace is the hook's own to write: never ours, as root, for it)
             raise SandboxError(f"unsupported hook arguments {request['argv']!r}")
         state = request["stdin"].encode("utf-8", "surrogateescape")
         cid = str(loads(request["stdin"]).get("id", "?")) if request["stdin"].lstrip().startswith("{") else "?"
@@ -193,3 +254,4 @@ def _reap() -> None:
             return
         if pid == 0:
             return
+        _children.discard(pid)

@@ -223,3 +223,30 @@ def test_hook_makes_no_redundant_mounts(runtime, make_bundle, driver_root, tmp_p
     assert overlays and not [(a, b) for a in overlays for b in overlays
                              if a != b and b.startswith(a.rstrip("/") + "/")], added
     assert len(added) == len(files) + 1 + len(overlays), added  # + the ld.so.cache bind
+
+
+def test_device_rules_added_for_the_gpu_nodes_can_be_put_back(make_bundle, tmp_path):
+    """What apply_plan undoes when a mount fails after the GPU nodes were allowed (the hook's
+    and the API's error path): the container's rules are as they were, the new ones gone."""
+    from gofer.cgroups import allow_devices
+
+    bundle = make_bundle(["sleep", "30"])
+    subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "-d", "-b", str(bundle), "undo1"], check=True,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    try:
+        state = json.loads(subprocess.run(["runc", "--root", str(tmp_path / "runc"), "state", "undo1"], check=True,
+                                          capture_output=True, text=True).stdout)
+        with open(f"/proc/{state['pid']}/cgroup") as f:
+            devices = next(line.split(":", 2)[2].strip() for line in f if ":devices:" in line)
+        rules = f"/sys/fs/cgroup/devices{devices}/devices.list"
+        with open(rules) as f:
+            before = f.read()
+        undo = allow_devices(state["pid"], [(195, 0), (195, 255)])
+        with open(rules) as f:
+            during = f.read()
+        assert "c 195:0 rwm" in during and "c 195:255 rwm" in during and "c 195:0" not in before
+        undo()
+        with open(rules) as f:
+            assert f.read() == before
+    finally:
+        subprocess.run(["runc", "--root", str(tmp_path / "runc"), "delete", "--force", "undo1"], timeout=60)

@@ -3,11 +3,13 @@ two at once as well; killed, the hooks do the work themselves; errors are still 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +118,29 @@ def test_only_root_reaches_the_server(server):
                         f"s.connect({str(path)!r})"], capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and "Permission denied" in r.stderr, r.stderr
     assert not _served(log)
+
+
+def test_a_root_client_without_capabilities_gets_nothing_done(server, make_bundle, driver_root, tmp_path):
+    """uid 0 alone reaches the socket: a client with no capabilities (or in other namespaces)
+    must not have the server widen a container's device rules or mount into it."""
+    path, log, _ = server
+    victim = make_bundle(["sleep", "30"])
+    subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "-d", "-b", str(victim), "victim"],
+                   check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=60)
+    try:
+        state = json.loads(subprocess.run(["runc", "--root", str(tmp_path / "runc"), "state", "victim"],
+                                          check=True, capture_output=True, text=True).stdout)
+        with open(f"/proc/{state['pid']}/cgroup") as f:
+            devices = next(line.split(":", 2)[2].strip() for line in f if ":devices:" in line)
+        rules = Path(f"/sys/fs/cgroup/devices{devices}/devices.list")
+        before = rules.read_text()
+        gpu = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all"])
+        hook = [*CLI, "hook", "--driver-root", str(driver_root), "--server", str(path)]
+        r = subprocess.run(["setpriv", "--bounding-set=-all", "--inh-caps=-all", *hook],
+                           input=json.dumps({"id": "victim", "pid": state["pid"], "bundle": str(gpu)}),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and rules.read_text() == before, (r.stderr, rules.read_text())
+        assert not _served(log), log.read_text()
+    finally:
+        subprocess.run(["runc", "--root", str(tmp_path / "runc"), "delete", "--force", "victim"], timeout=60)
