@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from typing import Any
 
 import msgspec
@@ -162,7 +163,11 @@ def load(dirs: list[str] | tuple[str, ...] = SPEC_DIRS) -> Registry:
         for name in names:
             path = os.path.join(d, name)
             try:
-                with open(path, "rb") as f:
+                # non-blocking, regular files only: a FIFO named x.json must not hang a create
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+                with os.fdopen(fd, "rb") as f:
+                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                        raise BundleError(f"{path}: not a regular file")
                     data = f.read(MAX_SPEC + 1)
                 if len(data) > MAX_SPEC:
                     raise BundleError(f"{path}: larger than {MAX_SPEC} bytes")

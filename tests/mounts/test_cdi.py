@@ -5,6 +5,7 @@ the version a spec needs, and our YAML writer read back by PyYAML."""
 from __future__ import annotations
 
 import json
+import os
 
 import msgspec
 import pytest
@@ -49,11 +50,12 @@ def test_directories_priority_conflicts_and_bad_files(tmp_path):
     write(second, "b.json", {**SPEC, "kind": "other.com/x", "devices": [{"name": "1", "containerEdits": {}}]})
     write(second, "c.json", {**SPEC, "kind": "other.com/x", "devices": [{"name": "1", "containerEdits": {}}]})
     (second / "broken.json").write_text("{nope")
+    os.mkfifo(second / "fifo.json")  # must not hang the load
     reg = cdi.load([str(first), str(second)])
     assert reg.qualified_names() == ["example.com/device=bar", "example.com/device=foo"]
     assert reg.devices["example.com/device=foo"].device.container_edits.env == ["A=later"]  # the later dir
     assert "other.com/x=1" in reg.errors and "defined by both" in reg.errors["other.com/x=1"]
-    assert str(second / "broken.json") in reg.errors
+    assert str(second / "broken.json") in reg.errors and "not a regular file" in reg.errors[str(second / "fifo.json")]
     with pytest.raises(BundleError, match="other.com/x=1.*not found.*defined by both"):
         cdi.resolve(["other.com/x=1"], reg)
 
