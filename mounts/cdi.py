@@ -201,6 +201,12 @@ def requests_of(annotations: dict[str, str], visible: str | None) -> tuple[list[
             names += [n.strip() for n in annotations[key].split(",") if n.strip()]
     if visible is not None and "=" in visible and "/" in visible:
         entries = [e.strip() for e in visible.split(",") if e.strip()]
+        for e in entries:
+            # the toolkit's convention is for NVIDIA's devices; any other vendor's (host
+            # mounts, hooks) is asked for by annotation, which pod authors do not write alone
+            if "=" in e and "/" in e and not e.startswith("nvidia.com/"):
+                raise BundleError(f"NVIDIA_VISIBLE_DEVICES: {e!r}: only nvidia.com devices are asked for here "
+                                  "(other CDI devices: the cdi.k8s.io/ annotations)")
         names += [e for e in entries if "=" in e and "/" in e]
         rest = [e for e in entries if not ("=" in e and "/" in e)]
         visible = ",".join(rest) if rest else None

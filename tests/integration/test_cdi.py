@@ -101,14 +101,10 @@ def _vendor(tmp_path, **edits) -> str:
     return str(d)
 
 
-@pytest.mark.parametrize("how", ["annotation", "env"])
-def test_another_vendors_devices_are_edited_in(how, make_bundle, tmp_path, rootfs_debian):
+def test_another_vendors_devices_are_edited_in(make_bundle, tmp_path, rootfs_debian):
     spec_dir = _vendor(tmp_path)
     script = "echo $EXAMPLE_DEVICE; stat -c '%F %t:%T' /dev/example-null; cat /data/hello; id -G"
-    if how == "annotation":
-        bundle = make_bundle(["sh", "-c", script], annotations={"cdi.k8s.io/test": "example.com/device=foo"})
-    else:
-        bundle = make_bundle(["sh", "-c", script], ["NVIDIA_VISIBLE_DEVICES=example.com/device=foo"])
+    bundle = make_bundle(["sh", "-c", script], annotations={"cdi.k8s.io/test": "example.com/device=foo"})
     before = (mount_table(), tree(rootfs_debian))
     r = sandbox("--cdi-spec-dir", spec_dir, "run", bundle, "--root", tmp_path / "s")
     assert r.returncode == 0, r.stderr
@@ -192,3 +188,12 @@ def test_cdi_hook_outside_the_containers_mount_namespace_mounts_nothing(make_bun
                        input=state, capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and "refusing to mount here" in r.stderr, r.stderr
     assert mount_table() == before
+
+
+def test_the_env_asks_for_nvidias_devices_only(make_bundle, tmp_path):
+    """NVIDIA_VISIBLE_DEVICES is the pod author's to write: another vendor's device (its host
+    mounts, its hooks) is asked for by annotation, never through it."""
+    spec_dir = _vendor(tmp_path)
+    bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=example.com/device=foo"])
+    r = sandbox("--cdi-spec-dir", spec_dir, "run", bundle, "--root", tmp_path / "s")
+    assert r.returncode == 2 and "only nvidia.com devices" in r.stderr and not (tmp_path / "marker").exists(), r.stderr

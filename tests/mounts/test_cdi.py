@@ -62,9 +62,13 @@ def test_directories_priority_conflicts_and_bad_files(tmp_path):
 
 def test_requests_and_merged_edits(tmp_path):
     write(tmp_path, "a.json", SPEC)
-    names, rest = cdi.requests_of({"cdi.k8s.io/one": "example.com/device=foo", "other": "x"},
-                                  "0,example.com/device=bar,example.com/device=foo")
-    assert names == ["example.com/device=foo", "example.com/device=bar"] and rest == "0"
+    names, rest = cdi.requests_of({"cdi.k8s.io/one": "example.com/device=foo", "cdi.k8s.io/two":
+                                   "example.com/device=bar,example.com/device=foo", "other": "x"},
+                                  "0,nvidia.com/gpu=1")
+    assert names == ["example.com/device=foo", "example.com/device=bar", "nvidia.com/gpu=1"] and rest == "0"
+    names = names[:2]
+    with pytest.raises(BundleError, match="only nvidia.com devices"):
+        cdi.requests_of({}, "example.com/device=foo")
     edits = cdi.merged(cdi.resolve(names, cdi.load([str(tmp_path)])))
     assert edits.env == ["A=1", "B=2"] and [m.container_path for m in edits.mounts] == ["/c"]  # spec's once
     with pytest.raises(BundleError, match="not a qualified device name"):
