@@ -197,6 +197,10 @@ def _majors(root: str) -> dict[str, int]:
     return majors
 
 
+IMEX_DIR = "nvidia-caps-imex-channels"  # /dev/<this>/channel<N>, the major of the same name in /proc/devices
+IMEX_MAJOR_NAME = "nvidia-caps-imex-channels"
+
+
 def _devices(root: str, gpus: list[Gpu], majors: dict[str, int]) -> dict[str, DeviceNode]:
     """Every NVIDIA node present under ``root``/dev, each checked to be the char device it
     should be (a regular file or a wrong number under that name is an error, not a skip)."""
@@ -211,6 +215,12 @@ def _devices(root: str, gpus: list[Gpu], majors: dict[str, int]) -> dict[str, De
             m = re.fullmatch(r"nvidia-cap([0-9]{1,9})", name)
             if m:
                 wanted[f"nvidia-caps/{name}"] = (majors["nvidia-caps"], int(m.group(1)))
+    imex_dir = os.path.join(root, "dev", IMEX_DIR)
+    if IMEX_MAJOR_NAME in majors and os.path.isdir(imex_dir):
+        for name in sorted(os.listdir(imex_dir)):
+            m = re.fullmatch(r"channel([0-9]{1,9})", name)
+            if m:
+                wanted[f"{IMEX_DIR}/{name}"] = (majors[IMEX_MAJOR_NAME], int(m.group(1)))
     found = {}
     for name, (major, minor) in wanted.items():
         source = os.path.join(root, "dev", name)

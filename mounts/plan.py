@@ -145,6 +145,22 @@ def _closure(inventory: Inventory, roots: list[DriverLib]) -> Iterator[tuple[Dri
                 queue.append(dep)
 
 
+def imex_channels(request: GpuRequest, inventory: Inventory) -> list[str]:
+    """The IMEX channel nodes NVIDIA_IMEX_CHANNELS asks for (all: every one the host has);
+    one the host lacks is an error."""
+    from mounts.driver import IMEX_DIR
+
+    have = sorted((n for n in inventory.devices if n.startswith(IMEX_DIR + "/")),
+                  key=lambda n: int(n.rsplit("channel", 1)[1]))
+    if request.imex == ("all",):
+        return have
+    for ch in request.imex:
+        if f"{IMEX_DIR}/channel{ch}" not in have:
+            raise RequestError(f"NVIDIA_IMEX_CHANNELS: channel {ch} not found "
+                               f"({inventory.dev_root}/dev/{IMEX_DIR}/channel{ch})")
+    return [f"{IMEX_DIR}/channel{ch}" for ch in request.imex]
+
+
 def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
               gpus: list[Gpu] | None = None) -> Iterator[A.AnyAction]:
     """The actions for ``request`` (on ``gpus``, selected here unless given), in streaming
@@ -163,6 +179,7 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
     if "display" in caps:
         names.append("nvidia-modeset")
     names += [f"nvidia{g.minor}" for g in gpus]
+    names += imex_channels(request, inventory)
     for name in names:
         node = inventory.devices.get(name)
         if node is None:

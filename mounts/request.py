@@ -26,6 +26,20 @@ class GpuRequest(msgspec.Struct, frozen=True):
     capabilities: frozenset[str]
     requirements: tuple[tuple[str, str], ...] = ()  # (env name, expression)
     source: str = "NVIDIA_VISIBLE_DEVICES"  # where the device list came from, for messages
+    imex: tuple[str, ...] = ()  # NVIDIA_IMEX_CHANNELS: ("all",) or channel numbers
+
+
+def parse_imex(value: str | None) -> tuple[str, ...]:
+    """NVIDIA_IMEX_CHANNELS: all, none (or empty), or a comma list of channel numbers."""
+    entries = tuple(e.strip() for e in (value or "").split(",") if e.strip())
+    if entries in ((), ("none",), ("void",)):
+        return ()
+    if "all" in entries:
+        return ("all",)
+    for e in entries:
+        if not re.fullmatch(r"[0-9]{1,9}", e):  # ASCII only, as device indices
+            raise RequestError(f"NVIDIA_IMEX_CHANNELS: {e!r} is not a channel number (or all, none)")
+    return tuple(dict.fromkeys(str(int(e)) for e in entries))
 
 
 def parse_capabilities(value: str | None, where: str = "NVIDIA_DRIVER_CAPABILITIES") -> frozenset[str]:
@@ -99,7 +113,7 @@ def gpu_request(spec: Spec, gpus: str | None = None, capabilities: str | None = 
             if not m:
                 raise RequestError(f"CUDA_VERSION: {cuda!r} is not a version (major.minor)")
             requirements.append(("CUDA_VERSION", f"cuda>={m.group(1)}.{m.group(2)}"))
-    return GpuRequest(parse_devices(visible), caps, tuple(requirements), source)
+    return GpuRequest(parse_devices(visible), caps, tuple(requirements), source, parse_imex(env("NVIDIA_IMEX_CHANNELS")))
 
 
 def _listed_gpus(spec: Spec) -> tuple[str, ...] | None:

@@ -51,7 +51,8 @@ GPUS = (
     ("0000:3b:00.0", 0, "GPU-4d8f2f4a-6f6c-3b1e-9a1e-0d6f3c2b1a00", "NVIDIA H100 80GB HBM3"),
     ("0000:86:00.0", 1, "GPU-9c1e7b22-51aa-4e0c-8f3d-7e2a9b4c5d11", "NVIDIA H100 80GB HBM3"),
 )
-UVM_MAJOR, CAPS_MAJOR = 508, 511
+UVM_MAJOR, CAPS_MAJOR, IMEX_MAJOR = 508, 511, 507
+DRIVER_REV = 2  # bump when what driver_535() builds changes: the cached root is rebuilt
 
 
 def run(*cmd: str | os.PathLike, **kw) -> subprocess.CompletedProcess:
@@ -174,7 +175,7 @@ def download_debs() -> Path:
 
 
 def driver_535() -> Path:
-    root = CACHE / "driver-535"
+    root = CACHE / f"driver-535-v{DRIVER_REV}"
     if _done(root):
         return root
     debs = download_debs()
@@ -223,7 +224,8 @@ def _fake_kernel_side(root: Path, version: str, gpus) -> None:
         )
     (root / "proc/devices").write_text(
         "Character devices:\n  1 mem\n  4 /dev/vc/0\n  5 /dev/tty\n195 nvidia-frontend\n"
-        f"{CAPS_MAJOR} nvidia-caps\n{UVM_MAJOR} nvidia-uvm\n\nBlock devices:\n  8 sd\n"
+        f"{CAPS_MAJOR} nvidia-caps\n{UVM_MAJOR} nvidia-uvm\n{IMEX_MAJOR} nvidia-caps-imex-channels\n\n"
+        "Block devices:\n  8 sd\n"
     )
     dev = root / "dev"
     dev.mkdir(exist_ok=True)
@@ -231,6 +233,8 @@ def _fake_kernel_side(root: Path, version: str, gpus) -> None:
              "nvidia-uvm": (UVM_MAJOR, 0), "nvidia-uvm-tools": (UVM_MAJOR, 1)}
     for _busid, minor, _uuid, _model in gpus:
         nodes[f"nvidia{minor}"] = (195, minor)
+    nodes.update({f"nvidia-caps-imex-channels/channel{n}": (IMEX_MAJOR, n) for n in (0, 1)})
+    (dev / "nvidia-caps-imex-channels").mkdir()
     for name, (major, minor) in nodes.items():
         os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
         os.chmod(dev / name, 0o666)

@@ -260,3 +260,24 @@ def test_cwd_is_made_if_missing_and_entered_as_root_first(make_bundle, tmp_path,
                             capture_output=True, text=True, timeout=60)
     assert ours.returncode == 0 and ours.stdout.startswith("/root\n"), (ours.stdout, ours.stderr)
     assert ours.stdout == theirs.stdout, (ours.stdout, theirs.stdout, theirs.stderr)
+
+
+@pytest.mark.parametrize("channels,expect", [("0", ["channel0"]), ("all", ["channel0", "channel1"])])
+def test_imex_channels_in_the_container(channels, expect, make_bundle, tmp_path, driver_root):
+    """NVIDIA_IMEX_CHANNELS: the channel nodes (the major of nvidia-caps-imex-channels in
+    /proc/devices), bound in and allowed in the devices cgroup (ENXIO: no driver behind)."""
+    bundle = make_bundle(["sh", "-c", "ls /dev/nvidia-caps-imex-channels; "
+                                      "stat -c '%t' /dev/nvidia-caps-imex-channels/channel0; "
+                                      "head -c1 /dev/nvidia-caps-imex-channels/channel0 2>&1 | tail -1"],
+                         ["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_IMEX_CHANNELS={channels}"])
+    r = run(bundle, tmp_path, "--driver-root", driver_root)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:len(expect)] == expect and lines[len(expect)] == "1fb", r.stdout  # 507
+    assert "No such device or address" in lines[-1], r.stdout
+
+
+def test_an_unknown_imex_channel_is_one_line(make_bundle, tmp_path, driver_root):
+    bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_IMEX_CHANNELS=7"])
+    r = run(bundle, tmp_path, "--driver-root", driver_root)
+    assert r.returncode == 2 and "NVIDIA_IMEX_CHANNELS: channel 7 not found" in r.stderr, r.stderr

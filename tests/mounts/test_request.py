@@ -111,3 +111,17 @@ def test_requirement_versions_are_ascii_and_short(expr):
     req = GpuRequest(("all",), CU, (("NVIDIA_REQUIRE_CUDA", expr),))
     with pytest.raises(RequestError, match="is not a version"):
         check_requirements(req, "535.261.03", "12.2", [], [])
+
+
+@pytest.mark.parametrize("value,imex", [
+    (None, ()), ("", ()), ("none", ()), ("all", ("all",)), ("0", ("0",)), ("1,0,1", ("1", "0")), ("007", ("7",)),
+])
+def test_imex_channels(value, imex):
+    env = ["NVIDIA_VISIBLE_DEVICES=all"] + ([f"NVIDIA_IMEX_CHANNELS={value}"] if value is not None else [])
+    assert gpu_request(spec(env)).imex == imex
+
+
+@pytest.mark.parametrize("value", ["x", "-1", "١", "1234567890"])
+def test_bad_imex_channels_are_one_line(value):
+    with pytest.raises(RequestError, match="NVIDIA_IMEX_CHANNELS"):
+        gpu_request(spec(["NVIDIA_VISIBLE_DEVICES=all", f"NVIDIA_IMEX_CHANNELS={value}"]))
