@@ -17,6 +17,7 @@ _EXPECT = {  # what each kind's source must be, checked on the opened fd (no TOC
     "library": (stat.S_ISREG, "a regular file"),
     "binary": (stat.S_ISREG, "a regular file"),
     "firmware": (stat.S_ISREG, "a regular file"),
+    "config": (stat.S_ISREG, "a regular file"),
     "device": (stat.S_ISCHR, "a char device"),
     "ipc": (lambda m: stat.S_ISSOCK(m) or stat.S_ISDIR(m), "a socket or a directory"),
 }

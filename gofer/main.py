@@ -40,7 +40,8 @@ def _expect_start(sock: socket.socket) -> protocol.Start:
 
 
 _GROUP = {"symlink": "libraries", "library": "libraries", "device": "devices", "binary": "binaries",
-          "firmware": "firmware", "ipc": "ipc", "procfs": "procfs", "ldcache": "ld.so.cache"}
+          "firmware": "firmware", "ipc": "ipc", "config": "config files", "procfs": "procfs",
+          "ldcache": "ld.so.cache"}
 
 
 def _gpu_requests(sock: socket.socket, root: Root, spans: Spans) -> int:

@@ -27,7 +27,7 @@ import struct
 import msgspec
 
 from gofer.spans import Span
-from mounts.actions import Binary, Device, Firmware, Ipc, LdCache, Library, ProcFs, Symlink
+from mounts.actions import Binary, Config, Device, Firmware, Ipc, LdCache, Library, ProcFs, Symlink
 from mounts.errors import SandboxError
 from mounts.spec import Spec
 
@@ -89,7 +89,7 @@ def error_frame(e: BaseException) -> Error:
     return Error(str(e) or type(e).__name__, 1, getattr(e, "op", ""), getattr(e, "filename", None) or "")
 
 
-ToGofer = Start | End | Resume | Device | Library | Symlink | Binary | Firmware | Ipc | LdCache | ProcFs
+ToGofer = Start | End | Resume | Device | Library | Symlink | Binary | Firmware | Ipc | Config | LdCache | ProcFs
 FromGofer = Ready | Error | Paused
 
 _encoder = msgspec.msgpack.Encoder()

@@ -42,6 +42,11 @@ class Ipc(Action, tag="ipc"):
     pass
 
 
+class Config(Action, tag="config"):
+    """A loader's configuration file of the driver's (a Vulkan or EGL ICD, the OpenCL
+    vendor file), bound read-only where the loader looks."""
+
+
 class Device(Action, tag="device"):
     major: int = 0
     minor: int = 0
@@ -65,4 +70,4 @@ class ProcFs(Action, tag="procfs"):
     gpus: tuple[str, ...] = ()
 
 
-AnyAction = Library | Binary | Firmware | Ipc | Device | Symlink | LdCache | ProcFs
+AnyAction = Library | Binary | Firmware | Ipc | Config | Device | Symlink | LdCache | ProcFs

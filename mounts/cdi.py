@@ -329,7 +329,7 @@ def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
     common = [node(a) for a in actions if isinstance(a, A.Device) and a.target not in gpu_nodes]
     by_target = {a.target: node(a) for a in actions if isinstance(a, A.Device) and a.target in gpu_nodes}
     mounts = [Mount(a.source, a.target, options=IPC_OPTS if isinstance(a, A.Ipc) else FILE_OPTS)
-              for a in actions if isinstance(a, A.Library | A.Binary | A.Firmware | A.Ipc)]
+              for a in actions if isinstance(a, A.Library | A.Binary | A.Firmware | A.Ipc | A.Config)]
     args = list(hook)
     for a in actions:
         if isinstance(a, A.Symlink):

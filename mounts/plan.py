@@ -44,6 +44,17 @@ IPC = {
     "utility": ("/var/run/nvidia-persistenced/socket", "/var/run/nvidia-fabricmanager/socket"),
     "compute": ("/tmp/nvidia-mps",),
 }
+# The loaders' configuration files, by capability: where a host keeps them (Debian's layout
+# first, then /etc's), bound at the same path. Each names its library by SONAME (Debian's
+# do), which the container's ld.so.cache resolves: nothing in them needs rewriting.
+CONFIGS = {
+    "graphics": ("/usr/share/vulkan/icd.d/nvidia_icd.json", "/etc/vulkan/icd.d/nvidia_icd.json",
+                 "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+                 "/etc/vulkan/implicit_layer.d/nvidia_layers.json",
+                 "/usr/share/glvnd/egl_vendor.d/10_nvidia.json", "/etc/glvnd/egl_vendor.d/10_nvidia.json"),
+    "compute": ("/etc/OpenCL/vendors/nvidia.icd",),
+}
+EGL_PLATFORMS = ("/usr/share/egl/egl_external_platform.d", "/etc/egl/egl_external_platform.d")
 # Extra links nvidia-container-cli creates: (capability, link name, what it points to)
 EXTRA_LINKS = (
     ("compute", "libcuda.so", "libcuda.so.1"),
@@ -145,6 +156,24 @@ def _closure(inventory: Inventory, roots: list[DriverLib]) -> Iterator[tuple[Dri
                 queue.append(dep)
 
 
+def config_files(inventory: Inventory, caps: frozenset[str]) -> list[str]:
+    """The loaders' files of ``caps`` the driver root has (regular files only)."""
+    out = []
+    for cap in sorted(caps & CONFIGS.keys()):
+        out += [p for p in CONFIGS[cap] if _is_file(inventory.host(p))]
+    if "graphics" in caps:
+        for d in EGL_PLATFORMS:
+            host = inventory.host(d)
+            if host is not None and os.path.isdir(host):
+                out += [f"{d}/{n}" for n in sorted(os.listdir(host))
+                        if "nvidia" in n and n.endswith(".json") and _is_file(inventory.host(f"{d}/{n}"))]
+    return out
+
+
+def _is_file(path: str | None) -> bool:
+    return path is not None and os.path.isfile(path) and not os.path.islink(path)
+
+
 def imex_channels(request: GpuRequest, inventory: Inventory) -> list[str]:
     """The IMEX channel nodes NVIDIA_IMEX_CHANNELS asks for (all: every one the host has);
     one the host lacks is an error."""
@@ -216,6 +245,9 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
 
     for target, host in inventory.firmware.items():
         yield A.Firmware(host, target, A.RO_LIB)
+
+    for target in config_files(inventory, lib_caps):
+        yield A.Config(inventory.host(target), target, A.RO_LIB)
 
     for cap in sorted(caps & IPC.keys()):
         for path in IPC[cap]:

@@ -42,7 +42,8 @@ DRIVER_DEBS = (
     "libcudadebugger1 libnvidia-cfg1 libnvidia-allocator1 libnvidia-pkcs11-openssl3 "
     "firmware-nvidia-gsp nvidia-cuda-mps libnvidia-encode1 libnvcuvid1 libnvidia-opticalflow1 "
     "libnvidia-eglcore libnvidia-glcore libglx-nvidia0 libegl-nvidia0 libgles-nvidia2 "
-    "libnvidia-glvkspirv libnvidia-rtcore libnvidia-ngx1 libnvidia-fbc1"
+    "libnvidia-glvkspirv libnvidia-rtcore libnvidia-ngx1 libnvidia-fbc1 "
+    "nvidia-vulkan-common nvidia-egl-common nvidia-opencl-common nvidia-opencl-icd"
 ).split()
 OTHER_DEBS = ["nvidia-persistenced"]
 
@@ -52,7 +53,7 @@ GPUS = (
     ("0000:86:00.0", 1, "GPU-9c1e7b22-51aa-4e0c-8f3d-7e2a9b4c5d11", "NVIDIA H100 80GB HBM3"),
 )
 UVM_MAJOR, CAPS_MAJOR, IMEX_MAJOR = 508, 511, 507
-DRIVER_REV = 2  # bump when what driver_535() builds changes: the cached root is rebuilt
+DRIVER_REV = 3  # bump when what driver_535() builds (or downloads) changes: the cached root is rebuilt
 
 
 def run(*cmd: str | os.PathLike, **kw) -> subprocess.CompletedProcess:
@@ -157,7 +158,7 @@ def _deb_version(opts: list[str]) -> str:
 
 
 def download_debs() -> Path:
-    debs = CACHE / "debs"
+    debs = CACHE / f"debs-v{DRIVER_REV}"
     if (debs / ".complete").exists():
         return debs
     shutil.rmtree(debs, ignore_errors=True)

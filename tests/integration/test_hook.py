@@ -216,7 +216,8 @@ def test_hook_makes_no_redundant_mounts(runtime, make_bundle, driver_root, tmp_p
     added = [p for p in points[1] if p not in points[0]]
     assert len(points[1]) == len(set(points[1])), "a mount point mounted twice"
     plan = json.loads(sandbox("plan", hooked, "--driver-root", driver_root, "--json").stdout)
-    files = [a["target"] for a in plan["actions"] if a["kind"] in ("library", "binary", "firmware", "device", "ipc")]
+    files = [a["target"] for a in plan["actions"] if a["kind"] in ("library", "binary", "firmware", "device", "ipc",
+                                                                  "config")]
     overlays = sorted(p for p, fstype in added if fstype == "overlay")
     # parents first: no overlay below another (/lib links to usr/lib: firmware and libraries
     # share /usr/lib's; the persistenced socket's /var is missing, so "/" takes it all here)

@@ -252,7 +252,7 @@ def test_container_ld_so_cache_is_the_image_s_plus_ours(style, make_bundle, driv
     assert set(image) <= set(seen)
     assert ("libcuda.so.1", True, f"{libdir}/libcuda.so.1") in seen
     assert ("libnvidia-ml.so.1", True, f"{libdir}/libnvidia-ml.so.1") in seen
-    assert len(seen) == len(image) + 9  # 8 libraries and libcuda.so
+    assert len(seen) == len(image) + 10  # 9 libraries (OpenCL's too) and libcuda.so
 
 
 def test_gke_style_linux_devices(make_bundle, driver_root, tmp_path, host_unchanged):

@@ -281,3 +281,27 @@ def test_an_unknown_imex_channel_is_one_line(make_bundle, tmp_path, driver_root)
     bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_IMEX_CHANNELS=7"])
     r = run(bundle, tmp_path, "--driver-root", driver_root)
     assert r.returncode == 2 and "NVIDIA_IMEX_CHANNELS: channel 7 not found" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("caps,expect", [
+    ("compute,utility", ["/etc/OpenCL/vendors/nvidia.icd"]),
+    ("graphics", ["/usr/share/glvnd/egl_vendor.d/10_nvidia.json", "/usr/share/vulkan/icd.d/nvidia_icd.json",
+                  "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json"]),
+])
+def test_the_loaders_files_per_capability(caps, expect, make_bundle, tmp_path, driver_root):
+    """The ICD and vendor files of Debian's packages, where the loaders look, for the
+    capabilities that use them; each names its library by SONAME, which the container's
+    ld.so.cache resolves."""
+    files = ["/etc/OpenCL/vendors/nvidia.icd", "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+             "/usr/share/vulkan/icd.d/nvidia_icd.json", "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json"]
+    script = "; ".join(f"test -f {f} && echo {f}" for f in files) + \
+        "; for so in libGLX_nvidia.so.0 libEGL_nvidia.so.0 libnvidia-opencl.so.1; do grep -c $so /etc/ld.so.cache; done"
+    bundle = make_bundle(["sh", "-c", script], ["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_DRIVER_CAPABILITIES={caps}"])
+    r = run(bundle, tmp_path, "--driver-root", driver_root)
+    assert r.returncode in (0, 1), r.stderr
+    lines = r.stdout.split()
+    assert [x for x in lines if x.startswith("/")] == expect, r.stdout
+    named = {"graphics": ("libGLX_nvidia.so.0", "libEGL_nvidia.so.0"), "compute,utility": ("libnvidia-opencl.so.1",)}
+    counts = dict(zip(("libGLX_nvidia.so.0", "libEGL_nvidia.so.0", "libnvidia-opencl.so.1"),
+                      [x for x in lines if not x.startswith("/")], strict=True))
+    assert all(counts[so] != "0" for so in named[caps]), counts

@@ -14,7 +14,7 @@ from mounts.spec import load_bundle
 
 DEB = Layout("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
 COMPUTE_UTILITY_LIBS = {"libcuda", "libcudadebugger", "libnvidia-ptxjitcompiler", "libnvidia-nvvm",
-                        "libnvidia-allocator", "libnvidia-pkcs11-openssl3", "libnvidia-ml", "libnvidia-cfg"}
+                        "libnvidia-allocator", "libnvidia-pkcs11-openssl3", "libnvidia-ml", "libnvidia-cfg", "libnvidia-opencl"}
 GRAPHICS_LIBS = {"libGLX_nvidia", "libEGL_nvidia", "libGLESv2_nvidia", "libnvidia-eglcore",
                  "libnvidia-glcore", "libnvidia-tls", "libnvidia-glsi", "libnvidia-glvkspirv",
                  "libnvidia-rtcore", "libnvidia-fbc"}
@@ -54,7 +54,8 @@ def test_compute_utility_all(make_bundle, inventory, driver_root, driver_version
     assert [os.path.basename(a.target) for a in by_kind(plan, "firmware")] == firmware
     assert [a.target for a in by_kind(plan, "ipc")] == ["/var/run/nvidia-persistenced/socket"]
     assert {a.kind for a in plan.actions} == {"device", "library", "symlink", "binary", "firmware",
-                                              "ipc", "procfs", "ldcache"}
+                                              "ipc", "config", "procfs", "ldcache"}
+    assert [a.target for a in by_kind(plan, "config")] == ["/etc/OpenCL/vendors/nvidia.icd"]  # compute's
     assert plan.actions[-1].kind == "ldcache"
 
 

@@ -15,7 +15,7 @@ def test_json_plan(make_bundle, driver_root, driver_version):
     assert out["driver"]["version"] == driver_version
     assert [g["index"] for g in out["gpus"]] == [1]
     kinds = {a["kind"] for a in out["actions"]}
-    assert kinds <= {"library", "binary", "firmware", "ipc", "device", "symlink", "ldcache", "procfs"}
+    assert kinds <= {"library", "binary", "firmware", "ipc", "device", "symlink", "ldcache", "procfs", "config"}
     assert all({"kind", "source", "target", "flags"} <= a.keys() for a in out["actions"])
 
 
