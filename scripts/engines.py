@@ -21,6 +21,8 @@ from pathlib import Path
 
 import fixtures
 
+from gofer import cgroups
+
 REPO = Path(__file__).resolve().parent.parent
 SANDBOX = str(REPO / ".venv/bin/sandbox")
 WRAPPER = str(REPO / "scripts/sandbox-runc")  # runc for what asks for no GPU, sandbox for the rest
@@ -48,12 +50,8 @@ def _rm_if_new(paths: dict[str, bool]) -> None:
     for path, existed in paths.items():
         if existed:
             continue
-        if path.startswith("/sys/fs/cgroup/"):
-            for d in sorted((str(p) for p in Path(path).rglob("*") if p.is_dir()), key=len, reverse=True) + [path]:
-                try:
-                    os.rmdir(d)
-                except OSError:
-                    pass
+        if path.startswith("/sys/fs/cgroup/"):  # busy a moment after its last process is reaped
+            cgroups.remove_dirs([str(p) for p in Path(path).rglob("*") if p.is_dir()] + [path])
         else:
             shutil.rmtree(path, ignore_errors=True)
 
