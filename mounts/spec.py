@@ -410,6 +410,11 @@ def validate(spec: Spec, path: str) -> None:
         check(sched.priority, 0, 99, "process.scheduler.priority")
         for name in ("runtime", "deadline", "period"):
             check(getattr(sched, name), 0, (1 << 64) - 1, f"process.scheduler.{name}")
+        if (sched.policy == "SCHED_DEADLINE" and "SCHED_FLAG_RESET_ON_FORK" not in sched.flags
+                and spec.hooks is not None and spec.hooks.start_container):
+            # the hooks run in the container's process, which holds the policy by then
+            raise BundleError(f"{path}: process.scheduler: a SCHED_DEADLINE task cannot fork to run "
+                              "hooks.startContainer (add SCHED_FLAG_RESET_ON_FORK)")
     _validate_user_namespace(spec, path, check)
     if spec.linux.intel_rdt is not None:
         raise BundleError(f"{path}: linux.intelRdt: Intel RDT (resctrl) is not supported")

@@ -234,6 +234,23 @@ def test_sched_deadline_is_set_last(make_bundle, tmp_path):
         sandbox("--root", root, "delete", "--force", "dl1")
 
 
+def test_sched_deadline_and_start_container_hooks(make_bundle, tmp_path):
+    """The startContainer hooks fork from the process that holds SCHED_DEADLINE by then: one
+    line, unless the spec's flags let its children fork (the kernel resets them)."""
+    bundle = make_bundle(["cut", "-d", " ", "-f", "41", "/proc/self/stat"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["scheduler"] = {"policy": "SCHED_DEADLINE", "runtime": 10_000_000, "deadline": 100_000_000,
+                                    "period": 100_000_000}
+    spec["hooks"] = {"startContainer": [{"path": "/bin/true"}]}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = run(bundle, tmp_path)
+    assert r.returncode == 2 and "process.scheduler: a SCHED_DEADLINE task cannot fork" in r.stderr, r.stderr
+    spec["process"]["scheduler"]["flags"] = ["SCHED_FLAG_RESET_ON_FORK"]
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = run(bundle, tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "6", (r.stdout, r.stderr)
+
+
 def test_cwd_is_made_if_missing_and_entered_as_root_first(make_bundle, tmp_path, rootfs_debian):
     """As under runc: a missing process.cwd is made (in an overlay: the image stays as it is,
     where runc makes it in the image), and a cwd the user may not search (root's 0700 home)
