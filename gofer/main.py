@@ -17,7 +17,7 @@ import prctl
 
 from gofer import gpu, process, protocol, rootfs, seccomp, userns
 from gofer import syscalls as sc
-from gofer.cgroups import Pinned
+from gofer.cgroups import Pinned, own_cgroups
 from gofer.hooks import run_hooks, state_json
 from gofer.root import Root
 from gofer.spans import Spans
@@ -168,7 +168,8 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         userns.become_root()
         if not start.detached:
             prctl.set_pdeathsig(signal.SIGKILL)  # (a change of credentials clears it)
-    cgroups = rootfs.own_cgroups()  # the container's (we are in them), before a cgroup namespace
+    # the container's cgroups (we are in them), read before a cgroup namespace hides them
+    cgroups = own_cgroups() if any(m.type == "cgroup" for m in spec.mounts) else {}
     with spans.span("unshare"):
         flags, joined = rootfs.enter_namespaces(spec, done=sc.CLONE_NEWNS if in_userns else 0)
         if flags & sc.CLONE_NEWNET:

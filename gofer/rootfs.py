@@ -125,20 +125,6 @@ def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: s
     return root
 
 
-def own_cgroups() -> dict[str, str]:
-    """{v1 hierarchy: our cgroup's path in it}, read before any cgroup namespace is made:
-    in one every path reads "/", and binding "/" would show the container each hierarchy's
-    root (and let it move itself out of its device rules)."""
-    mine = {}
-    with open("/proc/self/cgroup") as f:
-        for line in f:
-            _, controllers, path = line.rstrip("\n").split(":", 2)
-            for c in controllers.split(","):  # the hybrid host's unified one ("0::") is left out
-                if c:
-                    mine[c.removeprefix("name=")] = path
-    return mine
-
-
 def _cgroup(root: Root, m: Mount, flags: int, mine: dict[str, str]) -> None:
     """cgroup v2 hosts get a fresh cgroup2 mount. v1/hybrid hosts get what runc builds: a
     tmpfs with, for each hierarchy, the container's own cgroup of it bound in (so the
@@ -241,16 +227,18 @@ def _open_source(m: Mount, bundle: str) -> int:
         raise MountError(m.destination, f"bind source {source}: {e.strerror}") from None
 
 
-def spec_mounts(root: Root, spec: Spec, bundle: str, sources: dict[int, int] | None = None,
-                cgroups: dict[str, str] | None = None) -> None:
-    """The spec's mounts in order (bind sources from ``sources`` where cloned already; the
-    cgroup mount shows ``cgroups``, our own_cgroups() as read before the namespaces)."""
+def spec_mounts(root: Root, spec: Spec, bundle: str, sources: dict[int, int] | None,
+                cgroups: dict[str, str]) -> None:
+    """The spec's mounts in order (bind sources from ``sources`` where cloned already; a
+    cgroup mount shows ``cgroups``: gofer.cgroups.own_cgroups() read before any cgroup
+    namespace, where every path reads "/" and binding it would show the container each
+    hierarchy's root, and let it move itself out of its device rules)."""
     sources = sources or {}
     for i, m in enumerate(spec.mounts):
         flags, prop, data = parse_options(m.options)
         fstype = m.type or ("bind" if flags & sc.MS_BIND else None)
         if fstype == "cgroup":
-            _cgroup(root, m, flags, cgroups if cgroups is not None else own_cgroups())
+            _cgroup(root, m, flags, cgroups)
             continue
         if fstype in ("proc", "sysfs"):
             _ordinary_dir(root, m.destination)
