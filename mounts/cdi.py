@@ -247,10 +247,10 @@ def merged(resolved: list[tuple[CdiSpec, list[Device]]]) -> ContainerEdits:
 def minimum_version(spec: CdiSpec) -> str:
     """The lowest cdiVersion whose schema has every field ``spec`` uses."""
     edits = [spec.container_edits, *[d.container_edits for d in spec.devices]]
-    if spec.annotations or any(d.annotations for d in spec.devices):
-        return "0.6.0"
     if any(e.additional_gids or e.intel_rdt is not None for e in edits):
         return "0.7.0"
+    if spec.annotations or any(d.annotations for d in spec.devices):
+        return "0.6.0"
     if any(n.host_path for e in edits for n in e.device_nodes):
         return "0.5.0"
     if any(m.type for e in edits for m in e.mounts):
@@ -370,7 +370,9 @@ def apply(spec, names: list[str], dirs: list[str]) -> tuple[Any, list[str]]:
     native = [n.partition("=")[2] for n in names if is_native(n)]
     others = [n for n in names if not is_native(n)]
     env = [e for e in proc.env if not e.startswith("NVIDIA_VISIBLE_DEVICES=")]
-    visible = ",".join(x for x in (rest, *native) if x)
+    # asked for by name, NVIDIA's devices replace the variable's legacy value (a CUDA image's
+    # "all" must not widen an annotation's gpu=0); with none asked for, that value stands
+    visible = ",".join(native) if native else rest
     if visible:
         env.append(f"NVIDIA_VISIBLE_DEVICES={visible}")
     warnings: list[str] = []

@@ -83,6 +83,26 @@ def test_the_lowest_version_the_fields_need():
     assert cdi.minimum_version(spec) == "0.5.0"
     spec = msgspec.structs.replace(spec, container_edits=cdi.ContainerEdits(additional_gids=[5]))
     assert cdi.minimum_version(spec) == "0.7.0"
+    spec = msgspec.structs.replace(spec, annotations={"a": "b"})  # 0.6.0's field does not lower it
+    assert cdi.minimum_version(spec) == "0.7.0"
+
+
+@pytest.mark.parametrize("visible,annotation,expect", [
+    ("all", "nvidia.com/gpu=0", "0"),  # a CUDA image's "all" does not widen the request
+    ("void", "nvidia.com/gpu=1", "1"),
+    ("0,nvidia.com/gpu=1", None, "1"),
+    ("all", None, "all"),  # nothing asked for by name: the legacy value stands
+])
+def test_named_gpus_replace_the_legacy_value(visible, annotation, expect):
+    from mounts.spec import parse_spec
+
+    config = {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+              "process": {"args": ["true"], "cwd": "/", "env": [f"NVIDIA_VISIBLE_DEVICES={visible}"]},
+              "annotations": {"cdi.k8s.io/x": annotation} if annotation else {}}
+    spec = parse_spec(json.dumps(config).encode())
+    names, _ = cdi.requests_of(spec.annotations, visible)
+    out, _ = cdi.apply(spec, names, [])
+    assert out.process.getenv("NVIDIA_VISIBLE_DEVICES") == expect
 
 
 def test_yaml_writer_round_trips():
