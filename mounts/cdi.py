@@ -157,7 +157,11 @@ def load(dirs: list[str] | tuple[str, ...] = SPEC_DIRS) -> Registry:
     for d in dirs:
         try:
             names = sorted(n for n in os.listdir(d) if n.endswith((".json", ".yaml", ".yml")))
+            st = os.stat(d)
         except OSError:
+            continue
+        if not _trusted(st):  # a spec's hooks run as root on the host, its hostPaths are bound in
+            errors[d] = f"{d}: owned by uid {st.st_uid} or writable by others: its specs are not read"
             continue
         here: dict[str, Found] = {}
         for name in names:
@@ -166,8 +170,11 @@ def load(dirs: list[str] | tuple[str, ...] = SPEC_DIRS) -> Registry:
                 # non-blocking, regular files only: a FIFO named x.json must not hang a create
                 fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
                 with os.fdopen(fd, "rb") as f:
-                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode):
                         raise BundleError(f"{path}: not a regular file")
+                    if not _trusted(st):
+                        raise BundleError(f"{path}: owned by uid {st.st_uid} or writable by others: not read")
                     data = f.read(MAX_SPEC + 1)
                 if len(data) > MAX_SPEC:
                     raise BundleError(f"{path}: larger than {MAX_SPEC} bytes")
@@ -188,6 +195,11 @@ def load(dirs: list[str] | tuple[str, ...] = SPEC_DIRS) -> Registry:
             del here[qname]
         devices.update(here)  # a later directory takes a device over
     return Registry(devices, errors)
+
+
+def _trusted(st: os.stat_result) -> bool:
+    """Root's (or the caller's own), and writable by nobody else."""
+    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
 
 
 def requests_of(annotations: dict[str, str], visible: str | None) -> tuple[list[str], str | None]:

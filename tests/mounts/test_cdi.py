@@ -60,6 +60,20 @@ def test_directories_priority_conflicts_and_bad_files(tmp_path):
         cdi.resolve(["other.com/x=1"], reg)
 
 
+def test_specs_others_may_write_are_not_read(tmp_path):
+    d = tmp_path / "cdi"
+    write(d, "a.json", SPEC)
+    os.chmod(d / "a.json", 0o666)
+    reg = cdi.load([str(d)])
+    assert not reg.devices and "writable by others" in reg.errors[str(d / "a.json")]
+    os.chmod(d / "a.json", 0o644)
+    os.chmod(d, 0o777)
+    reg = cdi.load([str(d)])
+    assert not reg.devices and "writable by others" in reg.errors[str(d)]
+    os.chmod(d, 0o755)
+    assert "example.com/device=foo" in cdi.load([str(d)]).devices
+
+
 def test_requests_and_merged_edits(tmp_path):
     write(tmp_path, "a.json", SPEC)
     names, rest = cdi.requests_of({"cdi.k8s.io/one": "example.com/device=foo", "cdi.k8s.io/two":
