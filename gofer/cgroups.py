@@ -80,7 +80,7 @@ def _below(root: str, mine: str, path: str) -> str:
     """The cgroup directory for cgroupsPath ``path`` under hierarchy ``root``: absolute, or
     relative to ``mine``; never above the root."""
     rel = os.path.normpath("/" + (path if path.startswith("/") else os.path.join(mine, path))).lstrip("/")
-    if not rel or rel.startswith(".."):
+    if not rel:  # (normpath of "/..." never climbs above "/")
         raise SandboxError(f"linux.cgroupsPath {path!r}: not a cgroup below the root")
     return os.path.join(root, rel)
 
@@ -97,7 +97,7 @@ class _Cgroup:
     def missing(self) -> list[str]:
         """The directories create() will make (those not there yet), parents first."""
         out = []
-        for d in self.dirs.values():
+        for d in dict.fromkeys(self.dirs.values()):
             chain = []
             while not os.path.isdir(d):
                 chain.append(d)
@@ -136,7 +136,7 @@ class _Cgroup:
             os.close(fd)
 
     def add(self, pid: int) -> None:
-        for d in self.dirs.values():
+        for d in dict.fromkeys(self.dirs.values()):
             self._write(d, "cgroup.procs", str(pid))
 
     def seal(self) -> None:
@@ -152,7 +152,9 @@ class Cgroup(_Cgroup):
 
     def __init__(self, path: str):
         super().__init__()
-        self.dirs = {ctrl: _below(os.path.join(ROOT, ctrl), mine, path) for ctrl, mine in own_cgroups().items()}
+        # by the hierarchy's real directory: cpu and cpuacct -> cpu,cpuacct name the same cgroup
+        self.dirs = {ctrl: _below(os.path.realpath(os.path.join(ROOT, ctrl)), mine, path)
+                     for ctrl, mine in own_cgroups().items()}
 
     def create(self) -> None:
         for ctrl, d in self.dirs.items():

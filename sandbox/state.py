@@ -198,7 +198,7 @@ def new_state(cid: str, pid: int, bundle: str, rootfs: str = "", annotations: di
 
         kept = {stage: msgspec.to_builtins(getattr(hooks, stage)) for stage in ("poststart", "poststop")}
     if cgroup is not None:
-        kept.update(cgroup=list(cgroup.dirs.values()), cgroup_created=list(cgroup.created))
+        kept.update(cgroup=list(dict.fromkeys(cgroup.dirs.values())), cgroup_created=list(cgroup.created))
     return State(cid, pid, bundle, rootfs, created, "", dict(annotations or {}), start_time(pid) or 0,
                  creating, foreground, **kept)
 

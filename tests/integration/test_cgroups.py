@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -263,3 +264,30 @@ def test_a_cgroup_namespace_still_shows_only_the_containers_own(make_bundle, tmp
         assert os.path.basename(marker) not in r.stdout and "Operation not permitted" in r.stdout, r.stdout
     finally:
         os.rmdir(marker)
+
+
+def test_a_hierarchy_reached_through_a_symlink(make_bundle, tmp_path):
+    """systemd's v1 layout: cpu and cpuacct are links to the one cpu,cpuacct hierarchy.
+    Made here in a private mount namespace (the host's hierarchies bound under a tmpfs, cpu
+    bound at cpu,cpuacct and linked): the container gets its cpu cgroup, joined once, and
+    every cgroup is removed after."""
+    if not os.path.isdir("/sys/fs/cgroup/cpu") or os.path.islink("/sys/fs/cgroup/cpu"):
+        pytest.skip("needs a separate v1 cpu hierarchy to rebuild as a link")
+    bundle = make_bundle(["sh", "-c", "cat /sys/fs/cgroup/cpu,cpuacct/cpu.shares; grep -c :cpu: /proc/self/cgroup"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"]["resources"] = {"cpu": {"shares": 512}}
+    rel = f"sandbox-link-{os.getpid()}"
+    spec["linux"]["cgroupsPath"] = f"/{rel}"
+    (bundle / "config.json").write_text(json.dumps(spec))
+    stage = tmp_path / "cg"
+    stage.mkdir()
+    binds = " && ".join(f"mkdir '{stage}/{n}' && mount --bind /sys/fs/cgroup/{n} '{stage}/{n}'"
+                        for n in os.listdir("/sys/fs/cgroup") if n != "cpu")
+    script = (f"mount -t tmpfs tmpfs '{stage}' && {binds} && mkdir '{stage}/cpu,cpuacct' && "
+              f"mount --bind /sys/fs/cgroup/cpu '{stage}/cpu,cpuacct' && ln -s cpu,cpuacct '{stage}/cpu' && "
+              f"mount --move '{stage}' /sys/fs/cgroup && "
+              f"{sys.executable} -m sandbox.cli --root '{tmp_path}/state' run '{bundle}'")
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.split() == ["512", "1"], (r.stdout, r.stderr)
+    assert not os.path.exists(f"/sys/fs/cgroup/cpu/{rel}") and not os.path.exists(f"/sys/fs/cgroup/memory/{rel}")
