@@ -143,10 +143,14 @@ def serve(args) -> int:
                 while len(_children) >= MAX_CHILDREN:
                     time.sleep(0.01)  # until one ends (SIGCHLD reaps it)
                 conn.settimeout(REQUEST_TIMEOUT)
+                # SIGCHLD held until the child is counted: reaped before it was added, its pid
+                # would stay in _children for good, and MAX_CHILDREN of those stop the server
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
                 child = os.fork()
                 if child == 0:
                     listener.close()
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
                     code = 1
                     try:
                         code = _handle(conn)
@@ -155,6 +159,7 @@ def serve(args) -> int:
                     finally:
                         os._exit(code)
                 _children.add(child)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     except SandboxError as e:
         print(f"sandbox hook serve: {e}", file=sys.stderr)
         return 1
