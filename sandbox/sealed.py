@@ -16,6 +16,7 @@ has those is not contained by any runtime.)
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 
@@ -61,11 +62,14 @@ def may_ptrace(argv: list[str], verb: str) -> bool:
             if verb == "exec":
                 files.append(_bundle_of(os.path.join(root, a, "state.json")))
     for path in filter(None, files):
-        try:
-            with open(path, "rb") as f:
-                data = f.read().lower()
+        try:  # non-blocking: a FIFO or a terminal given as --process is the real parse's to read
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             continue
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return True  # unread, so it may ask: sealed
+            data = f.read().lower()
         if b"sys_ptrace" in data or b"\\u" in data:
             return True
     return False
