@@ -509,8 +509,14 @@ def allow_devices(pid: int, nodes: list[tuple[int, int]]):
             os.close(fd)
 
     with open(os.path.join(directory, "devices.list")) as f:
-        had = set(f.read().split("\n"))
-    added = [r.line() for r in rules if r.line() not in had]
+        had = [line.split() for line in f.read().splitlines()]
+    # only what no rule there allows already ("a *:* rwm" of a privileged container, "c 195:*
+    # rwm"): the undo denies what we added, and must not take away what the container had
+    added = [r.line() for r in rules if not any(
+        t in ("a", "c") and num in ("*:*", f"*:{r.minor}", f"{r.major}:*", f"{r.major}:{r.minor}")
+        and set("rwm") <= set(access) for t, num, access in (h for h in had if len(h) == 3))]
+    if not added:
+        return None
     deny = opened("devices.deny")  # now: past joining the container's mount namespace, no path leads here
     try:
         write(opened("devices.allow"), added)

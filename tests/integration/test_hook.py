@@ -251,3 +251,31 @@ def test_device_rules_added_for_the_gpu_nodes_can_be_put_back(make_bundle, tmp_p
             assert f.read() == before
     finally:
         subprocess.run(["runc", "--root", str(tmp_path / "runc"), "delete", "--force", "undo1"], timeout=60)
+
+
+@pytest.mark.parametrize("rule", [{"allow": True, "access": "rwm"},
+                                  {"allow": True, "type": "c", "major": 195, "access": "rwm"}])
+def test_device_rules_that_allow_the_gpu_nodes_already_are_left_alone(make_bundle, tmp_path, rule):
+    """A privileged container (a *:* rwm) or a rule for every NVIDIA minor: nothing is added,
+    so a failed hook's undo cannot deny the container what it had."""
+    from gofer.cgroups import allow_devices
+
+    bundle = make_bundle(["sleep", "30"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"].setdefault("resources", {})["devices"] = [{"allow": False, "access": "rwm"}, rule]
+    (bundle / "config.json").write_text(json.dumps(spec))
+    runc = ["runc", "--root", str(tmp_path / "runc")]
+    subprocess.run([*runc, "run", "-d", "-b", str(bundle), "keep1"], check=True, stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    try:
+        pid = json.loads(subprocess.run([*runc, "state", "keep1"], check=True, capture_output=True,
+                                        text=True).stdout)["pid"]
+        with open(f"/proc/{pid}/cgroup") as f:
+            devices = next(line.split(":", 2)[2].strip() for line in f if ":devices:" in line)
+        with open(f"/sys/fs/cgroup/devices{devices}/devices.list") as f:
+            before = f.read()
+        assert allow_devices(pid, [(195, 0), (195, 255)]) is None
+        with open(f"/sys/fs/cgroup/devices{devices}/devices.list") as f:
+            assert f.read() == before
+    finally:
+        subprocess.run([*runc, "delete", "--force", "keep1"], timeout=60)
