@@ -391,8 +391,10 @@ def _io_weight(w: int) -> int:
 
 
 def attach_rules(directory: str, rules: list[Rule]) -> None:
-    """Load the program for ``rules`` and attach it to the v2 cgroup ``directory``. It stays
-    attached as long as the cgroup exists; our fds go now."""
+    """Load the program for ``rules`` and attach it to the v2 cgroup ``directory`` in place
+    of any there (a cgroup that existed keeps an earlier container's programs, and every one
+    attached must allow a request: runc replaces them too). It stays attached as long as
+    the cgroup exists; our fds go now."""
     from gofer import syscalls as sc
     from gofer.devfilter import program
 
@@ -400,7 +402,14 @@ def attach_rules(directory: str, rules: list[Rule]) -> None:
     try:
         cg = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
+            _, old = sc.bpf_prog_query(cg, directory)
             sc.bpf_prog_attach(cg, prog, sc.BPF_F_ALLOW_MULTI, what=directory)
+            for prog_id in old:  # ours first: at no moment is the cgroup without rules
+                fd = sc.bpf_prog_get_fd(prog_id, directory)
+                try:
+                    sc.bpf_prog_detach(cg, fd, directory)
+                finally:
+                    os.close(fd)
         finally:
             os.close(cg)
     finally:

@@ -403,6 +403,12 @@ def bpf_prog_attach(cgroup_fd: int, prog_fd: int, flags: int, replace_fd: int = 
          f"{what} (BPF_PROG_ATTACH)")
 
 
+def bpf_prog_detach(cgroup_fd: int, prog_fd: int, what: str = "") -> None:
+    import struct
+
+    _bpf(BPF_PROG_DETACH, struct.pack("<III", cgroup_fd, prog_fd, BPF_CGROUP_DEVICE), f"{what} (BPF_PROG_DETACH)")
+
+
 def bpf_prog_query(cgroup_fd: int, what: str = "") -> tuple[int, list[int]]:
     """(attach flags, ids) of the device programs attached to the cgroup itself."""
     import struct
@@ -414,11 +420,17 @@ def bpf_prog_query(cgroup_fd: int, what: str = "") -> tuple[int, list[int]]:
     return flags, list(ids[:count])
 
 
+def bpf_prog_get_fd(prog_id: int, what: str = "") -> int:
+    import struct
+
+    return _bpf(BPF_PROG_GET_FD_BY_ID, struct.pack("<III", prog_id, 0, 0), f"{what} (BPF_PROG_GET_FD_BY_ID)")[0]
+
+
 def bpf_prog_instructions(prog_id: int, what: str = "") -> tuple[int, bytes]:
     """(an fd of program ``prog_id``, its instructions as the kernel holds them)."""
     import struct
 
-    fd = _bpf(BPF_PROG_GET_FD_BY_ID, struct.pack("<III", prog_id, 0, 0), f"{what} (BPF_PROG_GET_FD_BY_ID)")[0]
+    fd = bpf_prog_get_fd(prog_id, what)
     try:
         info = ctypes.create_string_buffer(256)
         _bpf(BPF_OBJ_GET_INFO_BY_FD, struct.pack("<IIQ", fd, len(info), ctypes.addressof(info)),

@@ -158,3 +158,14 @@ def test_without_the_hook_runc_denies_the_gpu_nodes(make_bundle, driver_root, tm
     (bundle / "config.json").write_text(json.dumps(spec))
     r = in_v2_view(f"runc --root {tmp_path}/runc run -b {bundle} v2ctl; echo rc=$?")
     assert r.stderr.count("Operation not permitted") == 2, (r.stdout, r.stderr)
+
+
+def test_a_cgroup_that_exists_gets_our_program_alone(make_bundle, tmp_path):
+    """An earlier container's program (here: deny everything) left on a cgroup that
+    cgroupsPath names again is replaced, as runc replaces it: the rules are the spec's."""
+    bundle, path = _mknod_bundle(make_bundle, "head -c 1 /dev/null && echo null-ok")
+    plant = ("from gofer.cgroups import attach_rules; from gofer.devfilter import Rule; "
+             f"attach_rules('/sys/fs/cgroup{path}', [Rule(False)])")
+    r = in_v2_view(f"mkdir /sys/fs/cgroup{path} && {sys.executable} -c \"{plant}\" && "
+                   f"{_cli()} --root {tmp_path}/s run {bundle}; echo rc=$?; rmdir /sys/fs/cgroup{path}")
+    assert r.stdout.split() == ["null-ok", "rc=0"], (r.stdout, r.stderr)
