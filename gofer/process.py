@@ -72,7 +72,7 @@ def set_rlimits(proc: Process) -> None:
                                f"{getattr(e, 'strerror', None) or e}") from None
 
 
-def _apparmor() -> bool:
+def apparmor() -> bool:
     try:
         with open("/sys/module/apparmor/parameters/enabled") as f:
             return f.read().startswith("Y")
@@ -80,20 +80,23 @@ def _apparmor() -> bool:
         return False
 
 
+def selinux() -> bool:
+    return os.path.exists("/sys/fs/selinux/enforce")
+
+
 def check_labels(proc: Process, mount_label: str | None = None) -> None:
     """The security labels the spec asks for must exist in this kernel: a profile that
     silently does not apply is a container less confined than its author was told (runc
     refuses an SELinux label without SELinux too). Checked before anything is built."""
-    if proc.apparmor_profile and not _apparmor():
+    if proc.apparmor_profile and not apparmor():
         raise ProcessError(f"process.apparmorProfile {proc.apparmor_profile!r}: AppArmor is not enabled in "
                            "this kernel", code=2)
-    selinux = os.path.exists("/sys/fs/selinux/enforce")
-    if proc.selinux_label and not selinux:
+    if proc.selinux_label and not selinux():
         raise ProcessError(f"process.selinuxLabel {proc.selinux_label!r}: SELinux is not enabled in this "
                            "kernel", code=2)
     if mount_label:
         raise ProcessError(f"linux.mountLabel {mount_label!r}: " + (
-            "SELinux mount labels are not supported" if selinux else "SELinux is not enabled in this kernel"), code=2)
+            "SELinux mount labels are not supported" if selinux() else "SELinux is not enabled in this kernel"), code=2)
 
 
 def apply_labels(proc: Process) -> None:

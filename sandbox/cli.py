@@ -152,8 +152,8 @@ def parser():
     p.add_argument("-c", "--cap", action="append", default=[], help="add a capability")
     p.add_argument("--no-new-privs", action="store_true")
     p.add_argument("--preserve-fds", type=int, default=0)
-    p.add_argument("--apparmor", help="accepted; not applied")
-    p.add_argument("--process-label", help="accepted; not applied")
+    p.add_argument("--apparmor", help="the AppArmor profile to exec under (refused where AppArmor is off)")
+    p.add_argument("--process-label", help="the SELinux label to exec under (refused where SELinux is off)")
     _container(p)
     p.add_argument("args", nargs=argparse.REMAINDER, help="the command (unless --process)")
 

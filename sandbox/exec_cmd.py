@@ -102,7 +102,9 @@ def _process(args, spec, bundle: str) -> Process:
         caps = Capabilities(*[getattr(caps, f) + args.cap for f in Capabilities.__struct_fields__])
     return msgspec.structs.replace(base, args=args.args, env=base.env + args.env, cwd=args.cwd or base.cwd,
                                    user=user, capabilities=caps, terminal=args.tty,
-                                   no_new_privileges=base.no_new_privileges or args.no_new_privs)
+                                   no_new_privileges=base.no_new_privileges or args.no_new_privs,
+                                   apparmor_profile=args.apparmor or base.apparmor_profile,
+                                   selinux_label=args.process_label or base.selinux_label)
 
 
 def _wait(pid: int) -> int:

@@ -8,6 +8,7 @@ import msgspec
 
 
 def main(args) -> int:
+    from gofer import process
     from gofer.rootfs import FLAGS, PROPAGATION
     from gofer.syscalls import NAMESPACES
     from mounts.spec import CAP_NUMBERS, SECCOMP_ACTIONS, SECCOMP_OPS
@@ -24,8 +25,8 @@ def main(args) -> int:
             "seccomp": {"enabled": True, "actions": list(SECCOMP_ACTIONS),
                         "operators": list(SECCOMP_OPS), "archs": ["SCMP_ARCH_X86", "SCMP_ARCH_X86_64",
                                                                   "SCMP_ARCH_X32", "SCMP_ARCH_AARCH64"]},
-            "apparmor": {"enabled": False},
-            "selinux": {"enabled": False},
+            "apparmor": {"enabled": process.apparmor()},  # applied where the kernel has it
+            "selinux": {"enabled": process.selinux()},
         },
         "annotations": {"org.gpu-sandbox.nvidia": "native: NVIDIA_* requests, linux.devices and the "
                         "NVIDIA hooks are served in-process"},

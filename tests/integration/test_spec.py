@@ -9,6 +9,7 @@ import subprocess
 import fixtures
 import pytest
 
+from gofer import process
 from tests.integration.helpers import create, mount_table, sandbox, tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
@@ -322,3 +323,28 @@ def test_the_loaders_files_per_capability(caps, expect, make_bundle, tmp_path, d
     counts = dict(zip(("libGLX_nvidia.so.0", "libEGL_nvidia.so.0", "libnvidia-opencl.so.1"),
                       [x for x in lines if not x.startswith("/")], strict=True))
     assert all(counts[so] != "0" for so in named[caps]), counts
+
+
+@pytest.mark.skipif(process.apparmor() or process.selinux(),
+                    reason="this kernel has AppArmor or SELinux: the labels would apply")
+def test_labels_this_kernel_cannot_apply_are_refused(make_bundle, tmp_path):
+    """A profile that silently does not apply is a container less confined than its author
+    was told: one line, for run and for exec's flags, and features says so."""
+    bundle = make_bundle(["sleep", "30"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["apparmorProfile"] = "docker-default"
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = run(bundle, tmp_path)
+    assert r.returncode == 2 and "process.apparmorProfile 'docker-default': AppArmor is not enabled" in r.stderr
+    del spec["process"]["apparmorProfile"]
+    (bundle / "config.json").write_text(json.dumps(spec))
+    root = tmp_path / "state"
+    assert create(root, bundle, "lab1").returncode == 0
+    try:
+        for flag, field in (("--apparmor", "apparmorProfile"), ("--process-label", "selinuxLabel")):
+            r = sandbox("--root", root, "exec", flag, "x", "lab1", "true")
+            assert r.returncode != 0 and f"process.{field} 'x':" in r.stderr, (flag, r.stderr)
+    finally:
+        sandbox("--root", root, "delete", "--force", "lab1")
+    features = json.loads(sandbox("features").stdout)["linux"]
+    assert not features["apparmor"]["enabled"] and not features["selinux"]["enabled"]
