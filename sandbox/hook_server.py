@@ -81,8 +81,8 @@ def _replay(data: bytes):
 
 
 def _trusted_peer(conn) -> bool:
-    """The client must be what a runtime's hook is: root with CAP_SYS_ADMIN, in our user and
-    mount namespaces (a uid-0 process without capabilities, or a container's root, may not
+    """The client must be what a runtime's hook is: root with CAP_SYS_ADMIN, in our user,
+    mount and pid namespaces (a uid-0 process without capabilities, or a container's root, may not
     have us widen a container's device rules or mount into it)."""
     import socket
 
@@ -97,7 +97,7 @@ def _trusted_peer(conn) -> bool:
         with open(f"/proc/{pid}/status") as f:
             caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
         same = all(os.stat(f"/proc/{pid}/ns/{ns}").st_ino == os.stat(f"/proc/self/ns/{ns}").st_ino
-                   for ns in ("user", "mnt"))
+                   for ns in ("user", "mnt", "pid"))  # pid: the state's pid names the same process
         if pidfd is not None:
             with open(f"/proc/self/fdinfo/{pidfd}") as f:
                 same = same and any(line.split() == ["Pid:", str(pid)] for line in f)

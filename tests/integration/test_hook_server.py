@@ -144,3 +144,14 @@ def test_a_root_client_without_capabilities_gets_nothing_done(server, make_bundl
         assert not _served(log), log.read_text()
     finally:
         subprocess.run(["runc", "--root", str(tmp_path / "runc"), "delete", "--force", "victim"], timeout=60)
+
+
+def test_a_client_in_another_pid_namespace_is_not_served(server, make_bundle, driver_root):
+    """The state's pid is read in the client's pid namespace: a client in another one would
+    have the server act on whichever process has that number here."""
+    path, log, _ = server
+    gpu = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all"])
+    hook = [*CLI, "hook", "--driver-root", str(driver_root), "--server", str(path)]
+    subprocess.run(["unshare", "-p", "-f", *hook], input=json.dumps({"id": "x", "pid": 1, "bundle": str(gpu)}),
+                   capture_output=True, text=True, timeout=60)
+    assert not _served(log), log.read_text()
