@@ -55,3 +55,5 @@ def test_later_verbs_go_where_the_state_is(route, tmp_path):
     assert route("--root", str(root), "delete", "-f", "theirs").startswith("fake-runc")
     assert route("--root", str(root), "ps", "-f", "json", "ours").startswith("fake-sandbox")
     assert route("--root", str(root), "list").startswith("fake-runc")
+    assert route("--root", str(root), "update", "--memory", "1G", "--pids-limit", "9", "ours").startswith(
+        "fake-sandbox")  # update's values are not the id
