@@ -104,21 +104,18 @@ class Registry(msgspec.Struct):
 def parse(data: bytes, path: str) -> CdiSpec:
     """One spec file's bytes (JSON, or YAML by its extension); a one-line BundleError
     naming the file and the field otherwise."""
+    yml = path.endswith((".yaml", ".yml"))
     try:
-        if path.endswith((".yaml", ".yml")):
-            import yaml
+        if yml:
+            from msgspec import yaml  # PyYAML's C loader where it has one
 
-            try:
-                obj = yaml.safe_load(data)
-            except yaml.YAMLError as e:
-                raise BundleError(f"{path}: invalid YAML: {' '.join(str(e).split())}") from None
-            spec = msgspec.convert(obj, CdiSpec)
+            spec = yaml.decode(data, type=CdiSpec)
         else:
             spec = msgspec.json.decode(data, type=CdiSpec)
     except msgspec.ValidationError as e:
         raise BundleError(f"{path}: {e}") from None
     except msgspec.DecodeError as e:
-        raise BundleError(f"{path}: invalid JSON: {e}") from None
+        raise BundleError(f"{path}: invalid {'YAML' if yml else 'JSON'}: {' '.join(str(e).split())}") from None
     if spec.cdi_version not in VERSIONS:
         raise BundleError(f"{path}: cdiVersion {spec.cdi_version!r} is not one of {', '.join(VERSIONS)}")
     if not _KIND.fullmatch(spec.kind):
@@ -268,37 +265,6 @@ def minimum_version(spec: CdiSpec) -> str:
     if any(m.type for e in edits for m in e.mounts):
         return "0.4.0"
     return "0.3.0"
-
-
-def to_yaml(obj, indent: int = 0) -> str:
-    """A small, deterministic YAML writer for what specs hold (maps, lists, str, int, bool)."""
-    pad = " " * indent
-    if isinstance(obj, dict):
-        if not obj:
-            return "{}"
-        lines = []
-        for k, v in obj.items():
-            if isinstance(v, (dict, list)) and v:
-                lines.append(f"{pad}{k}:\n{to_yaml(v, indent + 2)}")
-            else:
-                lines.append(f"{pad}{k}: {to_yaml(v)}")
-        return "\n".join(lines)
-    if isinstance(obj, list):
-        if not obj:
-            return "[]"
-        lines = []
-        for v in obj:
-            if isinstance(v, dict) and v:
-                body = to_yaml(v, indent + 2)
-                lines.append(f"{pad}- {body[indent + 2:]}")
-            else:
-                lines.append(f"{pad}- {to_yaml(v, indent + 2)}")
-        return "\n".join(lines)
-    if isinstance(obj, bool):
-        return "true" if obj else "false"
-    if isinstance(obj, int):
-        return str(obj)
-    return msgspec.json.encode(str(obj)).decode()  # a JSON string is a YAML string
 
 
 # --- our own spec ----------------------------------------------------------------------

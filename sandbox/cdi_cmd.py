@@ -42,9 +42,12 @@ def generate(args) -> int:
         raise SandboxError(f"{inventory.dev_root}: no NVIDIA GPU found (/proc/driver/nvidia/gpus is empty)")
     hook = [sys.executable, "-I", "-S", "-c", entry_code(), "cdi", "hook"]
     spec = cdi.generate(inventory, hook, HOOK_ENV)
-    obj = msgspec.to_builtins(spec)
-    text = (msgspec.json.format(msgspec.json.encode(obj), indent=2).decode() if args.format == "json"
-            else cdi.to_yaml(obj)) + "\n"
+    if args.format == "json":
+        text = msgspec.json.format(msgspec.json.encode(spec), indent=2).decode() + "\n"
+    else:
+        from msgspec import yaml
+
+        text = yaml.encode(spec).decode()
     if not args.output:
         sys.stdout.write(text)
         return 0

@@ -117,8 +117,3 @@ def test_named_gpus_replace_the_legacy_value(visible, annotation, expect):
     names, _ = cdi.requests_of(spec.annotations, visible)
     out, _ = cdi.apply(spec, names, [])
     assert out.process.getenv("NVIDIA_VISIBLE_DEVICES") == expect
-
-
-def test_yaml_writer_round_trips():
-    obj = {"a": "x: y", "b": [{"c": 1, "d": ["e", "f g"]}, {"h": True}], "i": [], "j": {}, "k": "0.5.0"}
-    assert yaml.safe_load(cdi.to_yaml(obj)) == obj
