@@ -310,6 +310,12 @@ class Spec(_S):
     annotations: dict[str, str] = {}
     linux: Linux = Linux()
 
+    def asks_for_cdi(self) -> bool:
+        """Whether a CDI device is asked for (mounts/cdi.py reads which): a cdi.k8s.io/
+        annotation, or a qualified name (vendor.com/class=dev) in NVIDIA_VISIBLE_DEVICES."""
+        visible = (self.process.getenv("NVIDIA_VISIBLE_DEVICES") if self.process else None) or ""
+        return any(k.startswith("cdi.k8s.io/") for k in self.annotations) or ("=" in visible and "/" in visible)
+
 
 # sysctls that belong to a namespace, by the namespace that must be the container's own
 # (runc's rule): anything else would change the host.

@@ -80,12 +80,12 @@ def _native_cdi(bundle):
     """CDI names of NVIDIA's GPUs (nvidia.com/gpu=0, =all) become the GPU request they mean.
     Another vendor's edits (env, hooks) are past changing from inside a hook: refused."""
     spec = bundle.spec
-    visible = spec.process.getenv("NVIDIA_VISIBLE_DEVICES") if spec.process else None
-    if not any(k.startswith("cdi.k8s.io/") for k in spec.annotations) and "=" not in (visible or ""):
+    if not spec.asks_for_cdi():
         return bundle
     from mounts import cdi
 
-    names, _ = cdi.requests_of(spec.annotations, visible)
+    names, _ = cdi.requests_of(spec.annotations, spec.process.getenv("NVIDIA_VISIBLE_DEVICES") if spec.process
+                               else None)
     others = [n for n in names if not cdi.is_native(n)]
     if others:
         raise BundleError(f"CDI device {others[0]!r}: a hook can serve NVIDIA's GPUs only; this needs the "

@@ -223,12 +223,11 @@ def _reap_all(deadline: float) -> None:
 def _cdi(spec, opts: Options):
     """The spec with the CDI devices it asks for applied (mounts/cdi.py); itself where it
     asks for none (the common case pays one look at its annotations and one env var)."""
-    visible = spec.process.getenv("NVIDIA_VISIBLE_DEVICES") or ""
-    if not any(k.startswith("cdi.k8s.io/") for k in spec.annotations) and not ("=" in visible and "/" in visible):
+    if not spec.asks_for_cdi():
         return spec
     from mounts import cdi
 
-    names, _ = cdi.requests_of(spec.annotations, visible)
+    names, _ = cdi.requests_of(spec.annotations, spec.process.getenv("NVIDIA_VISIBLE_DEVICES"))
     spec, warnings = cdi.apply(spec, names, [*cdi.SPEC_DIRS, *opts.cdi_spec_dirs])
     for w in warnings:
         print(f"sandbox: warning: {w}", file=sys.stderr)
