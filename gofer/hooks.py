@@ -54,7 +54,11 @@ def _run(i: int, hook: Hook, stage: str, state: bytes) -> None:
                            + (f": {tail[0]}" if tail else ""), op="hook", path=hook.path)
 
 
+def state(cid: str, status: str, pid: int, bundle: str, annotations: dict[str, str]) -> dict:
+    """The container state (runtime-spec's), as hooks and seccomp agents receive it."""
+    return {"ociVersion": "1.0.2", "id": cid, "status": status, "pid": pid, "bundle": bundle,
+            "annotations": annotations}
+
+
 def state_json(cid: str, status: str, pid: int, bundle: str, annotations: dict[str, str]) -> bytes:
-    """The container state as hooks receive it."""
-    return msgspec.json.encode({"ociVersion": "1.0.2", "id": cid, "status": status, "pid": pid,
-                                "bundle": bundle, "annotations": annotations})
+    return msgspec.json.encode(state(cid, status, pid, bundle, annotations))

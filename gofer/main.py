@@ -18,7 +18,8 @@ import prctl
 from gofer import gpu, process, protocol, rootfs, seccomp, userns
 from gofer import syscalls as sc
 from gofer.cgroups import Pinned, own_cgroups
-from gofer.hooks import run_hooks, state_json
+from gofer.hooks import run_hooks
+from gofer.hooks import state as hook_state
 from gofer.root import Root
 from gofer.spans import Spans
 from mounts import actions as A
@@ -207,9 +208,12 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         s.args["requests"] = _gpu_requests(sock, root, spans)
         s.args["overlays"] = len(root.overlays)
         s.args["created"] = root.created
-    state = _hook_state(start, host_pid)
-    if filt is not None:  # what a seccomp agent is told with the notification fd
-        filt.pid, filt.state = host_pid, msgspec.json.decode(state)
+    # the state hooks read on stdin (built before pivot_root: nothing to import after), and
+    # what a seccomp agent is told with the notification fd
+    status = hook_state(start.id, "creating", host_pid, start.bundle, start.spec.annotations)
+    state = msgspec.json.encode(status)
+    if filt is not None:
+        filt.pid, filt.state = host_pid, status
     if start.hooks_pause:
         # prestart and createRuntime run in the runtime's namespaces: the supervisor runs them
         # while we wait here, after the mounts and before pivot_root.
@@ -302,11 +306,6 @@ def _keeper(sock: socket.socket, start: protocol.Start, parent: int, path: str |
         os._exit(0)
     _wait_pid1(child, parent, start.cgroup_created)
     raise AssertionError("unreachable")
-
-
-def _hook_state(start: protocol.Start, pid: int) -> bytes:
-    """The state JSON hooks read on stdin (built before pivot_root: nothing to import after)."""
-    return state_json(start.id, "creating", pid, start.bundle, start.spec.annotations)
 
 
 def _host_pid() -> int:
