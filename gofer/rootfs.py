@@ -175,6 +175,24 @@ def _proc_is_procfs(m: Mount, fstype: str | None) -> None:
                          f"(only over {', '.join(PROC_BINDS)})")
 
 
+def _not_into_proc(root: Root, m: Mount, proc_dev: int) -> None:
+    """The same rule on where a destination leads, not how it reads: the image's /data ->
+    /proc/sys must not put a volume over the container's procfs (runc checks the resolved
+    path too)."""
+    if os.path.normpath("/" + m.destination.lstrip("/")) in PROC_BINDS:
+        return
+    try:
+        fd = root.open(m.destination)
+    except OSError:
+        return  # not there yet: made where it leads, which procfs refuses
+    try:
+        if os.fstat(fd).st_dev == proc_dev:
+            raise MountError(m.destination, "leads into /proc, where only procfs and "
+                             f"{', '.join(PROC_BINDS)} may be mounted")
+    finally:
+        os.close(fd)
+
+
 def _ordinary_dir(root: Root, unsafe_path: str) -> None:
     """proc and sysfs go on a directory reached without symlinks (runc's rule): an image's
     /proc -> / would put them anywhere, and the masks meant for /proc would miss them."""
@@ -234,6 +252,7 @@ def spec_mounts(root: Root, spec: Spec, bundle: str, sources: dict[int, int] | N
     namespace, where every path reads "/" and binding it would show the container each
     hierarchy's root, and let it move itself out of its device rules)."""
     sources = sources or {}
+    proc_dev = None  # the container's procfs, once mounted
     for i, m in enumerate(spec.mounts):
         flags, prop, data = parse_options(m.options)
         fstype = m.type or ("bind" if flags & sc.MS_BIND else None)
@@ -243,6 +262,8 @@ def spec_mounts(root: Root, spec: Spec, bundle: str, sources: dict[int, int] | N
         if fstype in ("proc", "sysfs"):
             _ordinary_dir(root, m.destination)
         _proc_is_procfs(m, fstype)
+        if proc_dev is not None:
+            _not_into_proc(root, m, proc_dev)
         if _is_bind(m):
             detached = i in sources
             src = sources.pop(i) if detached else _open_source(m, bundle)
@@ -256,6 +277,8 @@ def spec_mounts(root: Root, spec: Spec, bundle: str, sources: dict[int, int] | N
             fd = root.mount_fs(fstype, m.source or fstype, m.destination, flags, data or None)
             if fstype == "tmpfs":
                 root.mark_writable(fd)
+            elif fstype == "proc":
+                proc_dev = os.fstat(fd).st_dev
         if prop:
             fd = root.open(m.destination)
             try:

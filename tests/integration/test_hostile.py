@@ -143,6 +143,24 @@ def test_nothing_but_procfs_on_proc(mount, make_bundle, tmp_path):
     assert r.returncode == 1 and line.startswith(f"sandbox run: {mount['destination']}: ") and "/proc" in line, line
 
 
+def test_a_link_into_proc_is_refused_as_its_target_would_be(tmp_path, rootfs_debian, make_bundle):
+    """The same rule on where a destination leads: the image's /data -> /proc/sys under the
+    spec's volume at /data would cover the container's procfs."""
+    root = tmp_path / "rootfs"
+    shutil.copytree(rootfs_debian, root, symlinks=True)
+    _break(root, "data", "/proc/sys")
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    bundle = make_bundle(["true"], rootfs=root)
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["mounts"].append({"destination": "/data", "type": "bind", "source": str(fake), "options": ["rbind"]})
+    (bundle / "config.json").write_text(json.dumps(spec))
+    before = (mount_table(), tree(root))
+    r = sandbox("run", bundle, "--root", tmp_path / "state")
+    assert (mount_table(), tree(root)) == before
+    assert r.returncode == 1 and r.stderr.strip().startswith("sandbox run: /data: leads into /proc"), r.stderr
+
+
 def test_an_images_own_proc_is_never_used_by_us(tmp_path, rootfs_debian, make_bundle):
     """No procfs mounted: /proc is the image's directory, here with self/fd/N leading to a
     FIFO for every N. Looking up HOME must not open it (it hung the init, as root)."""
