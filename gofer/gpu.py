@@ -126,4 +126,12 @@ def proc_driver(root: Root, action: A.ProcFs) -> None:
             root.bind(src, f"{action.target}/gpus/{busid}", ("ro", "nosuid", "nodev", "noexec"), is_dir=True)
         finally:
             os.close(src)
+    for rel in action.files:
+        src = os.open(os.path.join(action.source, rel), os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(src).st_mode):
+                raise MountError(f"{action.target}/{rel}", f"source {action.source}/{rel} is not a regular file")
+            root.bind(src, f"{action.target}/{rel}", ("ro", "nosuid", "nodev", "noexec"))
+        finally:
+            os.close(src)
     sc.mount(None, sc.fdpath(tmp), None, sc.MS_REMOUNT | sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC)

@@ -65,9 +65,11 @@ class LdCache(Action, tag="ldcache"):
 
 class ProcFs(Action, tag="procfs"):
     """A tmpfs at ``target`` with copies of the driver's proc files (``params`` with
-    ModifyDeviceFiles set to 0) and the selected GPUs' directories bound read-only."""
+    ModifyDeviceFiles set to 0), the selected GPUs' directories and the capability files
+    ``files`` (MIG access files, relative to ``source``) bound read-only."""
 
     gpus: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
 
 
 AnyAction = Library | Binary | Firmware | Ipc | Config | Device | Symlink | LdCache | ProcFs

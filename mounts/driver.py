@@ -19,6 +19,7 @@ from mounts.paths import LinkLoop, Resolver, file_kind, resolve_in_root
 
 NVIDIA_MAJOR = 195
 CTL_MINOR, MODESET_MINOR = 255, 254
+DRM_MAJOR = 226  # /dev/dri/card<N> (minor N) and renderD<N> (minor N)
 
 # Newest CUDA version each driver branch supports (CUDA toolkit release notes, "minimum
 # required driver"): the driver's CUDA version without calling cuDriverGetVersion.
@@ -57,6 +58,23 @@ class DriverLib(msgspec.Struct, frozen=True):
     flags: int  # ld.so.cache flags: architecture of the entry
 
 
+class Mig(msgspec.Struct, frozen=True):
+    """A MIG device: compute instance ``ci`` of GPU instance ``gi`` on the GPU of minor
+    ``minor``, with the nvidia-caps minors that grant access to each instance."""
+
+    minor: int
+    gi: int
+    ci: int
+    gi_cap: int
+    ci_cap: int
+
+    @property
+    def proc_files(self) -> tuple[str, str]:
+        """Its access files, relative to /proc/driver/nvidia."""
+        gi = f"capabilities/gpu{self.minor}/mig/gi{self.gi}"
+        return f"{gi}/access", f"{gi}/ci{self.ci}/access"
+
+
 class Inventory(msgspec.Struct, frozen=True):
     root: str
     dev_root: str  # where the kernel module's dev/ and proc/ are read (often the same root)
@@ -65,6 +83,9 @@ class Inventory(msgspec.Struct, frozen=True):
     devices: dict[str, DeviceNode]  # by node name: nvidiactl, nvidia0, nvidia-uvm ...
     libraries: list[DriverLib]  # every cache entry whose file carries the driver version
     firmware: dict[str, str]  # /lib/firmware/nvidia/<ver>/gsp*.bin -> its host path
+    dri: dict[str, tuple[str, ...]] = {}  # GPU bus id -> its DRI nodes in devices (dri/card1 ...)
+    migs: list[Mig] = []
+    mig_caps: dict[str, int] = {}  # "config", "monitor" -> their nvidia-caps minors
 
     @property
     def cuda_version(self) -> str | None:
@@ -236,6 +257,89 @@ def _devices(root: str, gpus: list[Gpu], majors: dict[str, int]) -> dict[str, De
     return found
 
 
+_DRI_LINK = re.compile(r"\.\./((card|renderD)([0-9]{1,5}))")
+
+
+def dri_link(busid: str, node: str) -> str:
+    """The /dev/dri/by-path name of a GPU's DRI node (udev's: pci-<domain:bus:dev.fn>-card)."""
+    domain, _, rest = busid.partition(":")
+    return f"by-path/pci-{int(domain, 16):04x}:{rest}-{'card' if node.startswith('card') else 'render'}"
+
+
+def _dri(root: str, gpus: list[Gpu]) -> tuple[dict[str, tuple[str, ...]], dict[str, DeviceNode]]:
+    """Each GPU's DRI nodes, found through udev's /dev/dri/by-path links (matched by PCI bus
+    id, never by index); each node checked to be char 226:<its number>."""
+    by_gpu, nodes = {}, {}
+    for g in gpus:
+        names = []
+        for kind in ("card", "render"):
+            link = os.path.join(root, "dev/dri", dri_link(g.busid, kind))
+            try:
+                m = _DRI_LINK.fullmatch(os.readlink(link))
+            except (FileNotFoundError, NotADirectoryError, ValueError):
+                continue
+            except OSError as e:
+                raise DriverError(f"{link}: cannot read: {e.strerror}") from None
+            if m is None:
+                raise DriverError(f"{link}: expected a link to ../card<N> or ../renderD<N>")
+            source = os.path.join(root, "dev/dri", m.group(1))
+            st = _lstat(source)
+            if st is None:
+                continue
+            if not stat.S_ISCHR(st.st_mode) or (os.major(st.st_rdev), os.minor(st.st_rdev)) != (DRM_MAJOR, int(m.group(3))):
+                raise DriverError(f"{source}: expected char device {DRM_MAJOR}:{int(m.group(3))}")
+            nodes["dri/" + m.group(1)] = DeviceNode("/dev/dri/" + m.group(1), source, DRM_MAJOR, int(m.group(3)))
+            names.append("dri/" + m.group(1))
+        if names:
+            by_gpu[g.busid] = tuple(names)
+    return by_gpu, nodes
+
+
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _cap_minor(root: str, rel: str) -> int | None:
+    """DeviceFileMinor of a capability's access file (/proc/driver/nvidia/capabilities/...)."""
+    text = _text(root, f"proc/driver/nvidia/{rel}")
+    if text is None:
+        return None
+    m = re.search(r"^DeviceFileMinor:\s*([0-9]{1,9})\s*$", text, re.M)
+    if m is None:
+        raise DriverError(f"{root}/proc/driver/nvidia/{rel}: no valid 'DeviceFileMinor:' line")
+    return int(m.group(1))
+
+
+def _migs(root: str, gpus: list[Gpu]) -> tuple[list[Mig], dict[str, int]]:
+    """The MIG devices the driver shows under /proc/driver/nvidia/capabilities: a
+    gpu<minor>/mig/gi<G>/ci<C> directory per compute instance (the instances that exist;
+    /proc/driver/nvidia-caps/mig-minors lists every possible one)."""
+    caps = {n: m for n in ("config", "monitor") if (m := _cap_minor(root, f"capabilities/mig/{n}")) is not None}
+    migs = []
+    for g in gpus:
+        base = resolve_in_root(root, f"proc/driver/nvidia/capabilities/gpu{g.minor}/mig")
+        if base is None or not os.path.isdir(base):
+            continue
+        for gi_name in sorted(os.listdir(base), key=_number_in):
+            gi = re.fullmatch(r"gi([0-9]{1,4})", gi_name)
+            if gi is None or (gi_cap := _cap_minor(root, f"capabilities/gpu{g.minor}/mig/{gi_name}/access")) is None:
+                continue
+            for ci_name in sorted(os.listdir(os.path.join(base, gi_name)), key=_number_in):
+                ci = re.fullmatch(r"ci([0-9]{1,4})", ci_name)
+                rel = f"capabilities/gpu{g.minor}/mig/{gi_name}/{ci_name}/access"
+                if ci is not None and (ci_cap := _cap_minor(root, rel)) is not None:
+                    migs.append(Mig(g.minor, int(gi.group(1)), int(ci.group(1)), gi_cap, ci_cap))
+    return migs, caps
+
+
+def _number_in(name: str) -> tuple[int, str]:
+    m = re.search(r"[0-9]{1,9}", name)
+    return (int(m.group()) if m else -1, name)
+
+
 _NVIDIA_KEY = re.compile(r"lib(?:cuda|nv|.*nvidia)")
 
 
@@ -251,12 +355,20 @@ def _resolve_lib(resolver: Resolver, e: ldcache.Entry) -> tuple[str, int] | None
         return None
 
 
+# NVIDIA's EGL external platform libraries: versioned on their own (egl-wayland 1.1.10,
+# egl-gbm 1.1.0), not with the driver, so taken by SONAME.
+EGL_PLATFORM_LIBS = ("libnvidia-egl-wayland.so.1", "libnvidia-egl-gbm.so.1", "libnvidia-egl-xcb.so.1",
+                     "libnvidia-egl-xlib.so.1")
+
+
 def _libraries(cache: list[ldcache.Entry], version: str, resolver: Resolver) -> list[DriverLib]:
     libs, seen = [], set()
     suffix = "." + version
     for e in cache:
         found = _resolve_lib(resolver, e)
-        if found is None or not found[0].endswith(suffix) or (e.key, e.flags) in seen:
+        if found is None or (e.key, e.flags) in seen:
+            continue
+        if not found[0].endswith(suffix) and e.key not in EGL_PLATFORM_LIBS:
             continue
         path, mode = found
         if not stat.S_ISREG(mode):  # never open a FIFO or device as an ELF file
@@ -295,12 +407,18 @@ def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
     resolver = Resolver(root)  # shared: the version fallback and the libraries resolve the same files
     version = _version(root, dev_root, cache, resolver)
     gpus = _gpus(dev_root)
+    devices = _devices(dev_root, gpus, _majors(dev_root))
+    dri, dri_nodes = _dri(dev_root, gpus)
+    migs, mig_caps = _migs(dev_root, gpus)
     return Inventory(
         root=root,
         dev_root=dev_root,
         version=version,
         gpus=gpus,
-        devices=_devices(dev_root, gpus, _majors(dev_root)),
+        devices=devices | dri_nodes,
         libraries=_libraries(cache, version, resolver),
         firmware=_firmware(root, version),
+        dri=dri,
+        migs=migs,
+        mig_caps=mig_caps,
     )

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import msgspec
 
 from mounts import actions as A
-from mounts.driver import DriverLib, Gpu, Inventory
+from mounts.driver import DriverLib, Gpu, Inventory, Mig, dri_link
 from mounts.elf import read_elf
 from mounts.errors import RequestError
 from mounts.ldcache import FLAG_REQUIRED_MASK, Entry
@@ -33,7 +33,9 @@ LIBRARIES = {
     "graphics": ("libnvidia-eglcore.so", "libnvidia-glcore.so", "libnvidia-tls.so",
                  "libnvidia-glsi.so", "libnvidia-fbc.so", "libnvidia-ifr.so", "libnvidia-rtcore.so",
                  "libnvoptix.so", "libGLX_nvidia.so", "libEGL_nvidia.so", "libGLESv2_nvidia.so",
-                 "libGLESv1_CM_nvidia.so", "libnvidia-glvkspirv.so", "libnvidia-cbl.so"),
+                 "libGLESv1_CM_nvidia.so", "libnvidia-glvkspirv.so", "libnvidia-cbl.so",
+                 "libnvidia-egl-wayland.so", "libnvidia-egl-gbm.so", "libnvidia-egl-xcb.so",
+                 "libnvidia-egl-xlib.so"),
     "ngx": ("libnvidia-ngx.so",),
 }
 BINARIES = {
@@ -51,9 +53,18 @@ CONFIGS = {
     "graphics": ("/usr/share/vulkan/icd.d/nvidia_icd.json", "/etc/vulkan/icd.d/nvidia_icd.json",
                  "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
                  "/etc/vulkan/implicit_layer.d/nvidia_layers.json",
-                 "/usr/share/glvnd/egl_vendor.d/10_nvidia.json", "/etc/glvnd/egl_vendor.d/10_nvidia.json"),
+                 "/usr/share/glvnd/egl_vendor.d/10_nvidia.json", "/etc/glvnd/egl_vendor.d/10_nvidia.json",
+                 "/usr/share/nvidia/nvoptix.bin"),
     "compute": ("/etc/OpenCL/vendors/nvidia.icd",),
 }
+# Xorg's driver and GLX modules (display): where Xorg looks, then Debian's own directory
+# (its alternatives link the first to the second). Bound where Xorg looks.
+XORG_MODULES = (
+    ("/usr/lib/xorg/modules/drivers/nvidia_drv.so", "/usr/lib/nvidia/current/nvidia_drv.so"),
+    ("/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
+     "/usr/lib/nvidia/current/libglxserver_nvidia.so.{version}"),
+)
+CUDA_COMPAT = "/usr/local/cuda/compat"  # where CUDA images keep the forward-compatible driver
 EGL_PLATFORMS = ("/usr/share/egl/egl_external_platform.d", "/etc/egl/egl_external_platform.d")
 # Extra links nvidia-container-cli creates: (capability, link name, what it points to)
 EXTRA_LINKS = (
@@ -69,28 +80,65 @@ class Layout(msgspec.Struct, frozen=True):
     lib64: str  # e.g. /usr/lib/x86_64-linux-gnu or /usr/lib64
     lib32: str  # e.g. /usr/lib/i386-linux-gnu, /usr/lib32 or /usr/lib
     bin: str = "/usr/bin"
+    compat_version: str | None = None  # the version of the image's CUDA_COMPAT libcuda, if any
+    compat: tuple[str, ...] = ()  # the SONAME links there (libcuda.so.1 ...)
 
 
 def layout_of(rootfs: str) -> Layout:
-    """Debian-like roots (``/etc/debian_version``) use multiarch dirs, others lib64."""
+    """Debian-like roots (``/etc/debian_version``) use multiarch dirs, others lib64. The
+    image's CUDA forward-compatibility libraries are listed, never opened: only names and
+    link targets inside the rootfs are read."""
+    version, links = _compat_of(rootfs)
     if exists_in_root(rootfs, "etc/debian_version"):
-        return Layout("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
-    return Layout("/usr/lib64", "/usr/lib32" if exists_in_root(rootfs, "usr/lib32") else "/usr/lib")
+        return Layout("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu", compat_version=version, compat=links)
+    return Layout("/usr/lib64", "/usr/lib32" if exists_in_root(rootfs, "usr/lib32") else "/usr/lib",
+                  compat_version=version, compat=links)
+
+
+_COMPAT_CUDA = re.compile(r"libcuda\.so\.([0-9]{1,6}\.[0-9]{1,6}(?:\.[0-9]{1,6})?)")
+_SONAME_LINK = re.compile(r"lib[A-Za-z0-9_+-]{1,64}(?:\.[A-Za-z0-9_+-]{1,64})*\.so\.[0-9]{1,4}")
+
+
+def _compat_of(rootfs: str) -> tuple[str | None, tuple[str, ...]]:
+    """(version, SONAME links) of the libcuda in the image's CUDA_COMPAT directory: the
+    version from the real file's name (libcuda.so.545.23.08, as the package names it), the
+    links those whose target is a regular file in the same directory."""
+    host = resolve_in_root(rootfs, CUDA_COMPAT.lstrip("/"))
+    if host is None or not os.path.isdir(host) or os.path.islink(host):
+        return None, ()
+    try:
+        names = sorted(os.listdir(host))
+    except OSError:
+        return None, ()
+    version, links = None, []
+    for name in names:
+        target = resolve_in_root(rootfs, f"{CUDA_COMPAT.lstrip('/')}/{name}")
+        if target is None or os.path.dirname(target) != host or not _is_file(target):
+            continue
+        m = _COMPAT_CUDA.fullmatch(os.path.basename(target))
+        if m and name == "libcuda.so.1":
+            version = m.group(1)
+        if _SONAME_LINK.fullmatch(name) and os.path.islink(os.path.join(host, name)):
+            links.append(name)
+    return (version, tuple(links)) if version else (None, ())
 
 
 class Plan(msgspec.Struct, frozen=True):
     driver: dict[str, str | None]
     gpus: list[Gpu]
     actions: list[A.AnyAction]
+    migs: list[Mig] = []
 
 
 def select_gpus(request: GpuRequest, inventory: Inventory) -> list[Gpu]:
-    """The GPUs ``request.devices`` names: indices, GPU-UUIDs, PCI bus ids; any unknown
-    entry (MIG devices included: none exist under this driver root) is an error."""
+    """The whole GPUs ``request.devices`` names: indices, GPU-UUIDs, PCI bus ids (MIG
+    devices are select_migs'); any unknown entry is an error."""
     if request.devices == ("all",):
         return list(inventory.gpus)
     chosen: list[Gpu] = []
     for entry in request.devices:
+        if is_mig(entry):
+            continue
         gpu = _find_gpu(entry, inventory.gpus, by_minor=request.source == "linux.devices")
         if gpu is None:
             raise RequestError(f"{request.source}: unknown device {entry!r} "
@@ -121,6 +169,68 @@ def _find_gpu(entry: str, gpus: list[Gpu], by_minor: bool) -> Gpu | None:
         if busid is not None and busid == _norm_busid(g.busid):
             return g
     return None
+
+
+_MIG_INDEX = re.compile(r"([0-9]{1,9}):([0-9]{1,4})(?::([0-9]{1,4}))?")
+_MIG_LEGACY = re.compile(r"MIG-(GPU-[0-9a-fA-F-]{1,64})/([0-9]{1,4})/([0-9]{1,4})")
+
+
+def is_mig(entry: str) -> bool:
+    return entry.startswith("MIG-") or _MIG_INDEX.fullmatch(entry) is not None
+
+
+def select_migs(request: GpuRequest, inventory: Inventory) -> list[Mig]:
+    """The MIG devices ``request.devices`` names: ``GPU:GI[:CI]`` (the GPU's index, then
+    the instance ids; without CI, every compute instance of that GPU instance) or
+    ``MIG-GPU-<uuid>/<gi>/<ci>``. A name that matches no MIG device under the driver root
+    is an error. ``all`` means whole GPUs, never MIG devices."""
+    chosen: list[Mig] = []
+    for entry in request.devices if request.devices != ("all",) else ():
+        found = _find_migs(entry, inventory) if is_mig(entry) else None
+        if found == []:
+            raise RequestError(f"{request.source}: unknown MIG device {entry!r} "
+                               f"({len(inventory.migs)} MIG devices under {inventory.dev_root})")
+        chosen += [m for m in found or () if m not in chosen]
+    return chosen
+
+
+def _find_migs(entry: str, inventory: Inventory) -> list[Mig]:
+    if m := _MIG_INDEX.fullmatch(entry):
+        gpu = next((g for g in inventory.gpus if g.index == int(m.group(1))), None)
+        gi, ci = int(m.group(2)), m.group(3)
+    elif m := _MIG_LEGACY.fullmatch(entry):
+        gpu = next((g for g in inventory.gpus if g.uuid.lower() == m.group(1).lower()), None)
+        gi, ci = int(m.group(2)), m.group(3)
+    else:  # MIG-<uuid>: the name NVML gives, which no file of the driver's shows
+        from mounts.nvml import mig_by_uuid
+
+        gpu, gi, ci = mig_by_uuid(inventory, entry)
+    if gpu is None:
+        return []
+    return [x for x in inventory.migs
+            if x.minor == gpu.minor and x.gi == gi and (ci is None or x.ci == int(ci))]
+
+
+def mig_nodes(request: GpuRequest, inventory: Inventory, migs: list[Mig]) -> list[tuple[str, str]]:
+    """(device name, /proc/driver/nvidia file) pairs the MIG devices and the
+    NVIDIA_MIG_CONFIG_DEVICES / NVIDIA_MIG_MONITOR_DEVICES capabilities need."""
+    out = []
+    for x in migs:
+        gi_file, ci_file = x.proc_files
+        out += [(f"nvidia-caps/nvidia-cap{x.gi_cap}", gi_file), (f"nvidia-caps/nvidia-cap{x.ci_cap}", ci_file)]
+    for what, wanted in (("config", request.mig_config), ("monitor", request.mig_monitor)):
+        if not wanted:
+            continue
+        name = f"NVIDIA_MIG_{what.upper()}_DEVICES"
+        if what not in inventory.mig_caps:
+            raise RequestError(f"{name}: the driver has no MIG {what} capability "
+                               f"({inventory.dev_root}/proc/driver/nvidia/capabilities/mig/{what})")
+        for entry in wanted if wanted != ("all",) else ():
+            if _find_gpu(entry, inventory.gpus, by_minor=False) is None:
+                raise RequestError(f"{name}: unknown GPU {entry!r} ({len(inventory.gpus)} GPUs under "
+                                   f"{inventory.dev_root})")
+        out.append((f"nvidia-caps/nvidia-cap{inventory.mig_caps[what]}", f"capabilities/mig/{what}"))
+    return list(dict.fromkeys(out))
 
 
 def library_caps(caps: frozenset[str]) -> frozenset[str]:
@@ -197,9 +307,14 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
     requirement)."""
     if gpus is None:
         gpus = select_gpus(request, inventory)
+    migs = select_migs(request, inventory)
+    # a MIG device's parent GPU: its node, its /proc directory; never its DRI nodes
+    parents = [g for g in inventory.gpus if g not in gpus and any(x.minor == g.minor for x in migs)]
     check_requirements(request, inventory.version, inventory.cuda_version,
-                       [brand_of(g.model) for g in gpus], [])
+                       [brand_of(g.model) for g in gpus + parents], [])
     caps = request.capabilities
+    lib_caps = library_caps(caps)
+    caps_files = mig_nodes(request, inventory, migs)
 
     # Device nodes: control nodes for every GPU container, then the selected GPUs.
     names = ["nvidiactl"]
@@ -207,15 +322,19 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
         names += ["nvidia-uvm", "nvidia-uvm-tools"]
     if "display" in caps:
         names.append("nvidia-modeset")
-    names += [f"nvidia{g.minor}" for g in gpus]
-    names += imex_channels(request, inventory)
-    for name in names:
+    required = ["nvidiactl"] + [f"nvidia{g.minor}" for g in gpus + parents] + [n for n, _file in caps_files]
+    names += required[1:] + imex_channels(request, inventory)
+    dri = [n for g in gpus for n in inventory.dri.get(g.busid, ())] if "graphics" in lib_caps else []
+    for name in names + dri:
         node = inventory.devices.get(name)
         if node is None:
-            if name == "nvidiactl" or name.startswith("nvidia") and name[6:].isdigit():
+            if name in required:
                 raise RequestError(f"{inventory.dev_root}/dev/{name}: device node missing")
             continue
         yield A.Device(node.source, node.path, A.RO_DEV, node.major, node.minor)
+    for g in gpus if dri else ():  # udev's by-path links, which the loaders look up by bus id
+        for name in inventory.dri.get(g.busid, ()):
+            yield A.Symlink("../" + name.rpartition("/")[2], "/dev/dri/" + dri_link(g.busid, name.rpartition("/")[2]))
 
     # Libraries and their links, as the closure finds them.
     entries: list[Entry] = []
@@ -229,7 +348,6 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
             yield A.Symlink(lib.name, f"{libdir}/{key}")
             made[f"{libdir}/{key}"] = lib.flags
         entries.append(Entry(key, f"{libdir}/{key}", lib.flags))
-    lib_caps = library_caps(caps)
     for cap, link, to in EXTRA_LINKS:
         to = to.format(version=inventory.version)
         flags = made.get(f"{layout.lib64}/{to}")
@@ -248,6 +366,15 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
 
     for target in config_files(inventory, lib_caps):
         yield A.Config(inventory.host(target), target, A.RO_LIB)
+    if "display" in caps:
+        for target, debian in XORG_MODULES:
+            target, debian = target.format(version=inventory.version), debian.format(version=inventory.version)
+            host = next((h for p in (target, debian) if _is_file(h := inventory.host(p))), None)
+            if host is not None:
+                yield A.Library(host, target, A.RO_LIB)
+                if target.endswith("." + inventory.version):  # Xorg loads libglxserver_nvidia.so
+                    name = target.rpartition("/")[2]
+                    yield A.Symlink(name, target[:-len(inventory.version) - 1])
 
     for cap in sorted(caps & IPC.keys()):
         for path in IPC[cap]:
@@ -258,10 +385,25 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
     procdir = resolve_in_root(inventory.dev_root, "proc/driver/nvidia")
     if procdir is not None and os.path.isdir(procdir):
         yield A.ProcFs(procdir, "/proc/driver/nvidia", ("nosuid", "nodev", "noexec"),
-                       tuple(g.busid for g in gpus))
+                       tuple(g.busid for g in gpus + parents), tuple(f for _name, f in caps_files))
 
     if entries:
-        yield A.LdCache("", "/etc/ld.so.cache", A.RO_LIB, tuple(entries))
+        yield A.LdCache("", "/etc/ld.so.cache", A.RO_LIB, tuple(compat_first(entries, inventory, layout)))
+
+
+def compat_first(entries: list[Entry], inventory: Inventory, layout: Layout) -> list[Entry]:
+    """CUDA forward compatibility: when the image's CUDA_COMPAT libcuda is of a newer
+    driver branch than the host's, its SONAME links take the place of ours in the cache (as
+    nvidia-ctk's enable-cuda-compat puts that directory first for ldconfig). Only the cache
+    changes: nothing of the image is mounted, on the host or anywhere."""
+    if layout.compat_version is None or int(layout.compat_version.split(".")[0]) <= int(inventory.version.split(".")[0]):
+        return entries
+    flags = next((e.flags for e in entries if e.key == "libcuda.so.1"), None)
+    if flags is None:  # no libcuda of ours to replace: not a compute container
+        return entries
+    compat = [Entry(name, f"{CUDA_COMPAT}/{name}", flags) for name in layout.compat]
+    keys = {(e.key, e.flags) for e in compat}
+    return compat + [e for e in entries if (e.key, e.flags) not in keys]
 
 
 def compute_plan(request: GpuRequest | None, inventory: Inventory | None, layout: Layout) -> Plan:
@@ -271,4 +413,4 @@ def compute_plan(request: GpuRequest | None, inventory: Inventory | None, layout
     actions = list(iter_plan(request, inventory, layout, gpus))
     driver = {"version": inventory.version, "cuda": inventory.cuda_version, "root": inventory.root,
               "dev_root": inventory.dev_root}
-    return Plan(driver, gpus, actions)
+    return Plan(driver, gpus, actions, select_migs(request, inventory))

@@ -27,6 +27,8 @@ class GpuRequest(msgspec.Struct, frozen=True):
     requirements: tuple[tuple[str, str], ...] = ()  # (env name, expression)
     source: str = "NVIDIA_VISIBLE_DEVICES"  # where the device list came from, for messages
     imex: tuple[str, ...] = ()  # NVIDIA_IMEX_CHANNELS: ("all",) or channel numbers
+    mig_config: tuple[str, ...] = ()  # NVIDIA_MIG_CONFIG_DEVICES: ("all",) or GPUs
+    mig_monitor: tuple[str, ...] = ()  # NVIDIA_MIG_MONITOR_DEVICES
 
 
 def parse_imex(value: str | None) -> tuple[str, ...]:
@@ -113,7 +115,21 @@ def gpu_request(spec: Spec, gpus: str | None = None, capabilities: str | None = 
             if not m:
                 raise RequestError(f"CUDA_VERSION: {cuda!r} is not a version (major.minor)")
             requirements.append(("CUDA_VERSION", f"cuda>={m.group(1)}.{m.group(2)}"))
-    return GpuRequest(parse_devices(visible), caps, tuple(requirements), source, parse_imex(env("NVIDIA_IMEX_CHANNELS")))
+    mig = {}
+    for what in ("CONFIG", "MONITOR"):
+        name = f"NVIDIA_MIG_{what}_DEVICES"
+        mig[what] = () if (env(name) or "").strip() in ("", "none", "void") else parse_devices(env(name) or "")
+        if mig[what] and not _privileged(spec):
+            # the toolkit's rule: MIG configuration and monitoring are for privileged containers
+            raise RequestError(f"{name}: only a privileged container (CAP_SYS_ADMIN in "
+                               "process.capabilities.bounding) may ask for MIG capabilities")
+    return GpuRequest(parse_devices(visible), caps, tuple(requirements), source, parse_imex(env("NVIDIA_IMEX_CHANNELS")),
+                      mig["CONFIG"], mig["MONITOR"])
+
+
+def _privileged(spec: Spec) -> bool:
+    caps = spec.process.capabilities if spec.process is not None else None
+    return caps is not None and "CAP_SYS_ADMIN" in caps.bounding
 
 
 def _listed_gpus(spec: Spec) -> tuple[str, ...] | None:

@@ -56,7 +56,7 @@ def _container(p, ids: str = "container_id") -> None:
 
 
 def _gpu_options(p) -> None:
-    p.add_argument("--gpus", help="override NVIDIA_VISIBLE_DEVICES (all, none, indices, UUIDs, bus ids)")
+    p.add_argument("--gpus", help="override NVIDIA_VISIBLE_DEVICES (all, none, indices, UUIDs, bus ids, MIG devices)")
     p.add_argument("--capabilities", help="override NVIDIA_DRIVER_CAPABILITIES")
 
 

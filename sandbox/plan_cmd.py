@@ -20,7 +20,9 @@ def main(args) -> int:
         return 0
     d = plan.driver
     out.write(f"driver {d['version']} (CUDA {d['cuda']}) at {d['root']}; "
-              f"GPUs: {', '.join(f'{g.index}:{g.busid}' for g in plan.gpus) or 'none'}\n")
+              f"GPUs: {', '.join(f'{g.index}:{g.busid}' for g in plan.gpus) or 'none'}"
+              + "".join(f"; MIG: {', '.join(f'gpu{m.minor}/gi{m.gi}/ci{m.ci}' for m in plan.migs)}" for _ in plan.migs[:1])
+              + "\n")
     rows = [(a.kind, a.target, a.source if a.kind != "ldcache" else f"{len(a.entries)} entries",
              ",".join(a.flags)) for a in plan.actions]
     widths = [max(len(r[i]) for r in rows + [("KIND", "TARGET", "SOURCE", "FLAGS")]) for i in range(3)]

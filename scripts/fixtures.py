@@ -43,9 +43,13 @@ DRIVER_DEBS = (
     "firmware-nvidia-gsp nvidia-cuda-mps libnvidia-encode1 libnvcuvid1 libnvidia-opticalflow1 "
     "libnvidia-eglcore libnvidia-glcore libglx-nvidia0 libegl-nvidia0 libgles-nvidia2 "
     "libnvidia-glvkspirv libnvidia-rtcore libnvidia-ngx1 libnvidia-fbc1 "
-    "nvidia-vulkan-common nvidia-egl-common nvidia-opencl-common nvidia-opencl-icd"
+    "nvidia-vulkan-common nvidia-egl-common nvidia-opencl-common nvidia-opencl-icd "
+    "libnvoptix1 xserver-xorg-video-nvidia"
 ).split()
-OTHER_DEBS = ["nvidia-persistenced"]
+# Versioned on their own: nvidia-persistenced (contrib), the EGL external platform libraries.
+OTHER_DEBS = ["nvidia-persistenced", "libnvidia-egl-wayland1", "libnvidia-egl-gbm1"]
+# Debian's loaders, for the tests that run them against the driver's ICD files.
+LOADER_DEBS = ["libvulkan1", "libegl1", "libglvnd0"]
 
 # Two GPUs as /proc/driver/nvidia/gpus/<busid>/information shows them.
 GPUS = (
@@ -53,7 +57,11 @@ GPUS = (
     ("0000:86:00.0", 1, "GPU-9c1e7b22-51aa-4e0c-8f3d-7e2a9b4c5d11", "NVIDIA H100 80GB HBM3"),
 )
 UVM_MAJOR, CAPS_MAJOR, IMEX_MAJOR = 508, 511, 507
-DRIVER_REV = 3  # bump when what driver_535() builds (or downloads) changes: the cached root is rebuilt
+# A MIG layout on GPU minor 0 (the driver's numbering: config 1, monitor 2, then per GPU 15
+# GPU instances of 9 minors each: the GI's access, then its compute instances 0-7):
+# GI 1 with CI 0, GI 2 with CIs 0 and 1.
+MIG_LAYOUT = {1: (0,), 2: (0, 1)}
+DRIVER_REV = 4  # bump when what driver_535() builds (or downloads) changes: the cached root is rebuilt
 
 
 def run(*cmd: str | os.PathLike, **kw) -> subprocess.CompletedProcess:
@@ -121,14 +129,14 @@ def _machine_sources() -> list[tuple[str, str, str]]:
 
 def apt_options() -> list[str]:
     """apt options that point at a sources list, state and cache of our own: the machine's
-    Debian archives (its release and security suites) with the contrib, non-free and
-    non-free-firmware components, where the NVIDIA packages are."""
+    Debian archives (its release and security suites) with every component: the NVIDIA
+    packages are in contrib and non-free, egl-wayland and the loaders in main."""
     base = CACHE / "apt"
     for d in ("state/lists/partial", "cache/archives/partial"):
         (base / d).mkdir(parents=True, exist_ok=True)
     codename = _os_codename()
     keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
-    comps = "contrib non-free non-free-firmware"
+    comps = "main contrib non-free non-free-firmware"
     lines = sorted({f"deb [signed-by={signed or keyring}] {uri} {suite} {comps}\n"
                     for uri, suite, signed in _machine_sources() if suite in (codename, f"{codename}-security")})
     if not any(f" {codename} " in line for line in lines):
@@ -192,8 +200,14 @@ def driver_535() -> Path:
     (tmp / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
     (conf / "x86_64-linux-gnu.conf").write_text(f"/{ARCH_DIR}\n")
     (conf / "nvidia.conf").write_text(f"/{NV_DIR}\n")
+    for link, target in (("usr/share/nvidia/nvoptix.bin", f"/{NV_DIR}/nvoptix.bin"),
+                         ("usr/lib/xorg/modules/drivers/nvidia_drv.so", "/usr/lib/nvidia/current/nvidia_drv.so"),
+                         ("usr/lib/xorg/modules/extensions/libglxserver_nvidia.so",
+                          "/usr/lib/nvidia/current/libglxserver_nvidia.so")):
+        (tmp / link).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / link).symlink_to(target)  # absolute, as update-alternatives makes them
     run("ldconfig", "-r", tmp)
-    _fake_kernel_side(tmp, version, GPUS)
+    _fake_kernel_side(tmp, version, GPUS, mig=True)
     (tmp / ".version").write_text(version + "\n")
     return _finish(tmp, root)
 
@@ -203,8 +217,10 @@ def driver_version(root: Path) -> str:
     return (root / ".version").read_text().strip()
 
 
-def _fake_kernel_side(root: Path, version: str, gpus) -> None:
-    """What the kernel module would show: /proc/driver/nvidia, /proc/devices, /dev nodes."""
+def _fake_kernel_side(root: Path, version: str, gpus, mig: bool = False) -> None:
+    """What the kernel module would show: /proc/driver/nvidia, /proc/devices, /dev nodes,
+    and what udev makes of the DRM devices (/dev/dri and its by-path links); with ``mig``,
+    MIG_LAYOUT on the first GPU."""
     proc = root / "proc/driver/nvidia"
     (proc / "gpus").mkdir(parents=True)
     (proc / "version").write_text(
@@ -236,10 +252,49 @@ def _fake_kernel_side(root: Path, version: str, gpus) -> None:
         nodes[f"nvidia{minor}"] = (195, minor)
     nodes.update({f"nvidia-caps-imex-channels/channel{n}": (IMEX_MAJOR, n) for n in (0, 1)})
     (dev / "nvidia-caps-imex-channels").mkdir()
+    (dev / "dri/by-path").mkdir(parents=True)
+    for i, (busid, _minor, _uuid, _model) in enumerate(gpus):
+        for kind, name in (("card", f"card{i + 1}"), ("render", f"renderD{128 + i}")):
+            nodes[f"dri/{name}"] = (226, i + 1 if kind == "card" else 128 + i)
+            (dev / f"dri/by-path/pci-{busid}-{kind}").symlink_to(f"../{name}")
+    if mig:
+        nodes.update(_fake_mig(root, gpus[0][1]))
     for name, (major, minor) in nodes.items():
         os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
         os.chmod(dev / name, 0o666)
     (root / "var/run/nvidia-persistenced").mkdir(parents=True, exist_ok=True)
+
+
+def _fake_mig(root: Path, minor: int) -> dict[str, tuple[int, int]]:
+    """The driver's MIG files for MIG_LAYOUT on GPU ``minor``: mig-minors (every possible
+    instance, as the driver lists them), an access file per existing instance, and its
+    nvidia-caps nodes (what nvidia-modprobe would have made)."""
+    def access(rel: str, n: int, mode: int = 0o444) -> None:
+        f = root / "proc/driver/nvidia/capabilities" / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(f"DeviceFileMinor: {n}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n")
+
+    lines = ["config 1", "monitor 2"]
+    for g in range(2):
+        for gi in range(15):
+            base = 3 + g * 135 + gi * 9
+            lines.append(f"gpu{g}/gi{gi}/access {base}")
+            lines += [f"gpu{g}/gi{gi}/ci{ci}/access {base + 1 + ci}" for ci in range(8)]
+    caps = root / "proc/driver/nvidia-caps"
+    caps.mkdir(parents=True)
+    (caps / "mig-minors").write_text("\n".join(lines) + "\n")
+    access("mig/config", 1, 0o400)
+    access("mig/monitor", 2)
+    nodes = {"nvidia-caps/nvidia-cap1": (CAPS_MAJOR, 1), "nvidia-caps/nvidia-cap2": (CAPS_MAJOR, 2)}
+    for gi, cis in MIG_LAYOUT.items():
+        base = 3 + minor * 135 + gi * 9
+        access(f"gpu{minor}/mig/gi{gi}/access", base)
+        nodes[f"nvidia-caps/nvidia-cap{base}"] = (CAPS_MAJOR, base)
+        for ci in cis:
+            access(f"gpu{minor}/mig/gi{gi}/ci{ci}/access", base + 1 + ci)
+            nodes[f"nvidia-caps/nvidia-cap{base + 1 + ci}"] = (CAPS_MAJOR, base + 1 + ci)
+    (root / "dev/nvidia-caps").mkdir(parents=True)
+    return nodes
 
 
 # --- synthetic driver roots --------------------------------------------------------------
@@ -252,7 +307,7 @@ def synthetic_driver(n_libs: int, n_gpus: int = 2, version: str = "999.1.2") -> 
     DT_NEEDED edges through ``libnvidia-synthN.so.<version>`` (SONAME ``...so.1``), so the
     closure has to walk all of them.
     """
-    root = CACHE / f"synthetic-{n_libs}-{n_gpus}-{version}"
+    root = CACHE / f"synthetic-{n_libs}-{n_gpus}-{version}-v{DRIVER_REV}"
     if _done(root):
         return root
     tmp = _fresh(root)

@@ -4,7 +4,7 @@ import shutil
 import fixtures
 import pytest
 
-from mounts.driver import cuda_version, discover
+from mounts.driver import EGL_PLATFORM_LIBS, cuda_version, discover
 from mounts.errors import DriverError
 
 
@@ -20,7 +20,10 @@ def test_discovers_the_real_535_driver(driver_root, driver_version):
     assert inv.firmware and all(t.startswith(f"/lib/firmware/nvidia/{driver_version}/gsp") and os.path.isfile(h)
                                 for t, h in inv.firmware.items())
     # every library is a real file carrying the version, found through the root's own cache
-    assert all(os.path.isfile(lib.path) and lib.name.endswith(driver_version) for lib in inv.libraries)
+    # (the EGL external platform libraries have versions of their own)
+    assert all(os.path.isfile(lib.path) and (lib.name.endswith(driver_version) or lib.key in EGL_PLATFORM_LIBS)
+               for lib in inv.libraries)
+    assert {lib.key for lib in inv.libraries} >= {"libnvidia-egl-wayland.so.1", "libnvidia-egl-gbm.so.1"}
     assert inv.find_binary("nvidia-smi").endswith("usr/lib/nvidia/current/nvidia-smi")
 
 

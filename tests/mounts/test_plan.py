@@ -12,12 +12,14 @@ from mounts.plan import Layout, compute_plan, layout_of
 from mounts.request import gpu_request
 from mounts.spec import load_bundle
 
+GPU0 = "GPU-4d8f2f4a-6f6c-3b1e-9a1e-0d6f3c2b1a00"  # fixtures.GPUS[0], the one with MIG_LAYOUT
 DEB = Layout("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
 COMPUTE_UTILITY_LIBS = {"libcuda", "libcudadebugger", "libnvidia-ptxjitcompiler", "libnvidia-nvvm",
                         "libnvidia-allocator", "libnvidia-pkcs11-openssl3", "libnvidia-ml", "libnvidia-cfg", "libnvidia-opencl"}
 GRAPHICS_LIBS = {"libGLX_nvidia", "libEGL_nvidia", "libGLESv2_nvidia", "libnvidia-eglcore",
                  "libnvidia-glcore", "libnvidia-tls", "libnvidia-glsi", "libnvidia-glvkspirv",
-                 "libnvidia-rtcore", "libnvidia-fbc"}
+                 "libnvidia-rtcore", "libnvidia-fbc", "libnvoptix", "libnvidia-egl-wayland", "libnvidia-egl-gbm"}
+XORG_MODULES = {"nvidia_drv", "libglxserver_nvidia"}
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +37,12 @@ def by_kind(plan, kind):
 
 
 def stems(plan, version):
+    """The planned libraries' names without .so.<version>; only the EGL platform libraries
+    and Xorg's driver module carry another version or none."""
     names = [os.path.basename(a.target) for a in by_kind(plan, "library")]
-    assert all(n.endswith(".so." + version) for n in names)
-    return {n[: -len(".so." + version)] for n in names}
+    other = {n for n in names if not n.endswith(".so." + version)}
+    assert {n.split(".so")[0] for n in other} <= {"libnvidia-egl-wayland", "libnvidia-egl-gbm", "nvidia_drv"}
+    return {n.split(".so")[0] for n in names}
 
 
 def test_compute_utility_all(make_bundle, inventory, driver_root, driver_version):
@@ -118,8 +123,10 @@ def test_lib64_layout(make_bundle, inventory, rootfs_lib64):
 
 @pytest.mark.parametrize("env,message", [
     (["NVIDIA_VISIBLE_DEVICES=7"], "NVIDIA_VISIBLE_DEVICES: unknown device '7'"),
-    (["NVIDIA_VISIBLE_DEVICES=MIG-1234"], "unknown device 'MIG-1234'"),
-    (["NVIDIA_VISIBLE_DEVICES=0:1"], "unknown device '0:1'"),
+    (["NVIDIA_VISIBLE_DEVICES=MIG-1234"], "MIG-1234: cannot look the MIG device up: NVML .*: Driver Not Loaded"),
+    (["NVIDIA_VISIBLE_DEVICES=1:1"], r"unknown MIG device '1:1' \(3 MIG devices under "),
+    (["NVIDIA_VISIBLE_DEVICES=0:1:1"], "unknown MIG device '0:1:1'"),
+    ([f"NVIDIA_VISIBLE_DEVICES=MIG-{GPU0}/3/0"], "unknown MIG device 'MIG-GPU-"),
     (["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"],
      r"requirement NVIDIA_REQUIRE_CUDA='cuda>=12.4' not met \(driver 535\.\d+\.\d+, CUDA 12.2\)"),
 ])
@@ -143,7 +150,7 @@ def test_synthetic_closure_walks_the_whole_chain(n, make_bundle):
     ("video", COMPUTE_UTILITY_LIBS - {"libnvidia-ml", "libnvidia-cfg"}
      | {"libnvidia-encode", "libnvcuvid", "libnvidia-opticalflow"},
      {"/dev/nvidia-uvm"}, {"libnvidia-opticalflow.so", "libcuda.so"}),
-    ("display", GRAPHICS_LIBS, {"/dev/nvidia-modeset"}, {"libGLX_indirect.so.0"}),
+    ("display", GRAPHICS_LIBS | XORG_MODULES, {"/dev/nvidia-modeset"}, {"libGLX_indirect.so.0"}),
     ("ngx", {"libnvidia-ngx"}, set(), set()),
     ("utility", {"libnvidia-ml", "libnvidia-cfg"}, set(), set()),
 ])

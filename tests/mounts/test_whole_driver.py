@@ -1,0 +1,238 @@
+"""Beyond the libraries: DRI and display nodes, Xorg modules, EGL platforms, nvoptix.bin, MIG
+and CUDA forward compatibility, on the real 535 fixture (its fake kernel side has two GPUs
+with DRI nodes and a MIG layout on GPU 0: fixtures.MIG_LAYOUT)."""
+
+import os
+import shutil
+import subprocess
+
+import fixtures
+import msgspec
+import pytest
+
+from mounts.driver import discover
+from mounts.errors import DriverError, RequestError
+from mounts.plan import compute_plan, layout_of
+from mounts.request import CAPABILITIES, gpu_request, parse_capabilities
+from mounts.spec import Spec, load_bundle
+
+GPU0, GPU1 = fixtures.GPUS[0][2], fixtures.GPUS[1][2]
+
+
+@pytest.fixture(scope="module")
+def inventory(driver_root):
+    return discover(str(driver_root))
+
+
+def plan_for(make_bundle, inventory, env, rootfs=None, caps_add=()):
+    path = make_bundle(env=env, **({"rootfs": rootfs} if rootfs else {}))
+    if caps_add:
+        cfg = path / "config.json"
+        spec = msgspec.json.decode(cfg.read_bytes())
+        spec["process"]["capabilities"]["bounding"] += list(caps_add)
+        cfg.write_bytes(msgspec.json.encode(spec))
+    bundle = load_bundle(str(path))
+    return compute_plan(gpu_request(bundle.spec), inventory, layout_of(bundle.rootfs))
+
+
+def targets(plan, kind):
+    return [a.target for a in plan.actions if a.kind == kind]
+
+
+# --- graphics and display -------------------------------------------------------------------
+
+def test_graphics_brings_the_selected_gpus_dri_nodes_by_bus_id(make_bundle, inventory):
+    """GPU 1 (bus 0000:86:00.0) is card2/renderD129 through udev's by-path links: its nodes
+    and links come along, GPU 0's never do (matched by bus id, not by index or minor)."""
+    plan = plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_DRIVER_CAPABILITIES=graphics"])
+    devices = {a.target: (a.major, a.minor) for a in plan.actions if a.kind == "device"}
+    assert devices["/dev/dri/card2"] == (226, 2) and devices["/dev/dri/renderD129"] == (226, 129)
+    assert "/dev/dri/card1" not in devices and "/dev/dri/renderD128" not in devices
+    links = {a.target: a.source for a in plan.actions if a.kind == "symlink" and a.target.startswith("/dev/")}
+    assert links == {"/dev/dri/by-path/pci-0000:86:00.0-card": "../card2",
+                     "/dev/dri/by-path/pci-0000:86:00.0-render": "../renderD129"}
+    # compute alone: no DRI nodes
+    plan = plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=1"])
+    assert not [t for t in targets(plan, "device") if t.startswith("/dev/dri/")]
+
+
+def test_graphics_files_egl_platforms_and_nvoptix(make_bundle, inventory, driver_root):
+    plan = plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=graphics"])
+    configs = {a.target: a.source for a in plan.actions if a.kind == "config"}
+    assert set(configs) == {
+        "/usr/share/vulkan/icd.d/nvidia_icd.json", "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+        "/usr/share/glvnd/egl_vendor.d/10_nvidia.json", "/usr/share/nvidia/nvoptix.bin",
+        "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+        "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json"}
+    # nvoptix.bin: Debian keeps it in the driver's directory, its alternative links it here
+    assert configs["/usr/share/nvidia/nvoptix.bin"] == f"{driver_root}/{fixtures.NV_DIR}/nvoptix.bin"
+    libs = {os.path.basename(t) for t in targets(plan, "library")}
+    assert {"libnvidia-egl-wayland.so.1.1.10", "libnvidia-egl-gbm.so.1.1.0"} <= libs
+    # each platform file names a library the container's cache will resolve
+    (cache,) = [a for a in plan.actions if a.kind == "ldcache"]
+    keys = {e.key for e in cache.entries}
+    for target, source in configs.items():
+        if "egl_external_platform" in target:
+            name = msgspec.json.decode(open(source, "rb").read())["ICD"]["library_path"]
+            assert name in keys, (target, name)
+    assert not [t for t in targets(plan, "library") if "/xorg/" in t]  # display only
+
+
+def test_display_brings_modeset_and_xorg_modules(make_bundle, inventory, driver_version):
+    plan = plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=display"])
+    assert "/dev/nvidia-modeset" in targets(plan, "device")
+    ext = "/usr/lib/xorg/modules/extensions"
+    assert {"/usr/lib/xorg/modules/drivers/nvidia_drv.so", f"{ext}/libglxserver_nvidia.so.{driver_version}"} <= set(
+        targets(plan, "library"))
+    links = {a.target: a.source for a in plan.actions if a.kind == "symlink"}
+    assert links[f"{ext}/libglxserver_nvidia.so"] == f"libglxserver_nvidia.so.{driver_version}"
+    # display implies graphics: the DRI nodes too
+    assert "/dev/dri/card1" in targets(plan, "device")
+
+
+def test_a_dri_link_to_elsewhere_is_an_error(tmp_path, driver_root):
+    root = tmp_path / "driver"
+    subprocess.run(["cp", "-a", "--reflink=auto", str(fixtures.synthetic_driver(10)), str(root)], check=True)
+    link = root / "dev/dri/by-path/pci-0000:10:00.0-card"
+    link.unlink()
+    link.symlink_to("/dev/sda")
+    with pytest.raises(DriverError, match=f"^{link}: expected a link to ../card<N> or ../renderD<N>$"):
+        discover(str(root))
+    link.unlink()
+    link.symlink_to("../card1")
+    (root / "dev/dri/card1").unlink()
+    os.mknod(root / "dev/dri/card1", 0o600 | 0o020000, os.makedev(8, 0))  # a disk under card1's name
+    with pytest.raises(DriverError, match=r"dev/dri/card1: expected char device 226:1$"):
+        discover(str(root))
+
+
+# --- MIG --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("entry,caps", [
+    ("0:1:0", [12, 13]),
+    ("0:1", [12, 13]),  # GI 1's only compute instance
+    ("0:2", [21, 22, 23]),  # both of GI 2's
+    (f"MIG-{GPU0}/2/1", [21, 23]),
+    (f"0:1:0,MIG-{GPU0}/1/0", [12, 13]),  # the same device twice: once
+])
+def test_mig_devices_get_their_caps_nodes_parent_and_proc_files(entry, caps, make_bundle, inventory):
+    plan = plan_for(make_bundle, inventory, [f"NVIDIA_VISIBLE_DEVICES={entry}"])
+    devices = {a.target: (a.major, a.minor) for a in plan.actions if a.kind == "device"}
+    want = {f"/dev/nvidia-caps/nvidia-cap{n}": (fixtures.CAPS_MAJOR, n) for n in caps}
+    assert {t: v for t, v in devices.items() if "nvidia-caps/" in t} == want
+    assert "/dev/nvidia0" in devices and "/dev/nvidia1" not in devices  # the parent GPU, only it
+    assert plan.gpus == [] and {(m.gi, m.ci) for m in plan.migs} == {
+        (int(x.split("gi")[1].split("/")[0]), int(x.rsplit("ci", 1)[1].split("/")[0]))
+        for x in (f for m in plan.migs for f in m.proc_files[1:])}
+    (proc,) = [a for a in plan.actions if a.kind == "procfs"]
+    assert proc.gpus == (fixtures.GPUS[0][0],)
+    expect = [f for m in plan.migs for f in m.proc_files]
+    assert list(proc.files) == list(dict.fromkeys(expect))
+    assert all(f.startswith("capabilities/gpu0/mig/gi") for f in proc.files)
+
+
+def test_mig_and_whole_gpus_mix(make_bundle, inventory):
+    plan = plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=1,0:1:0"])
+    devs = targets(plan, "device")
+    assert {"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap13"} <= set(devs)
+    assert [g.index for g in plan.gpus] == [1]
+
+
+def test_all_means_whole_gpus_never_mig_or_its_privileged_caps(make_bundle, inventory):
+    plan = plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"])
+    assert not [t for t in targets(plan, "device") if "nvidia-caps" in t]
+    # the privileged capabilities are not among the names "all" stands for
+    assert parse_capabilities("all") == frozenset(CAPABILITIES)
+    for name in ("fabric-imex-mgmt", "profiling", "rdma"):
+        assert name not in CAPABILITIES
+        with pytest.raises(RequestError, match=f"unknown capability '{name}'"):
+            parse_capabilities(name)
+
+
+def test_mig_config_and_monitor_are_for_privileged_containers(make_bundle, inventory):
+    env = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_MIG_CONFIG_DEVICES=all"]
+    with pytest.raises(RequestError, match=r"^NVIDIA_MIG_CONFIG_DEVICES: only a privileged container"):
+        plan_for(make_bundle, inventory, env)
+    plan = plan_for(make_bundle, inventory, env + ["NVIDIA_MIG_MONITOR_DEVICES=0"], caps_add=["CAP_SYS_ADMIN"])
+    caps = [t for t in targets(plan, "device") if "nvidia-caps" in t]
+    assert caps == ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"]  # config, monitor
+    (proc,) = [a for a in plan.actions if a.kind == "procfs"]
+    assert proc.files == ("capabilities/mig/config", "capabilities/mig/monitor")
+    with pytest.raises(RequestError, match=r"^NVIDIA_MIG_MONITOR_DEVICES: unknown GPU '5' \(2 GPUs under "):
+        plan_for(make_bundle, inventory, env + ["NVIDIA_MIG_MONITOR_DEVICES=5"], caps_add=["CAP_SYS_ADMIN"])
+
+
+def test_a_missing_caps_node_and_a_bad_access_file_are_one_line(tmp_path):
+    root = tmp_path / "driver"
+    subprocess.run(["cp", "-a", str(fixtures.synthetic_driver(10)), str(root)], check=True)
+    proc = root / "proc/driver/nvidia/capabilities/gpu0/mig/gi1"
+    (proc / "ci0").mkdir(parents=True)
+    (proc / "access").write_text("DeviceFileMinor: 12\n")
+    (proc / "ci0/access").write_text("DeviceFileMinor: 13\n")
+    inv = discover(str(root))
+    assert [(m.gi, m.ci, m.gi_cap, m.ci_cap) for m in inv.migs] == [(1, 0, 12, 13)]
+    spec = msgspec.convert({"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+                            "process": {"args": ["true"], "env": ["NVIDIA_VISIBLE_DEVICES=0:1:0"]}}, Spec)
+    layout = layout_of(str(fixtures.rootfs()))
+    with pytest.raises(RequestError, match=f"^{root}/dev/nvidia-caps/nvidia-cap12: device node missing$"):
+        compute_plan(gpu_request(spec), inv, layout)
+    (proc / "ci0/access").write_text("DeviceFileMinor: 1e\n")
+    with pytest.raises(DriverError, match=r"gpu0/mig/gi1/ci0/access: no valid 'DeviceFileMinor:' line$"):
+        discover(str(root))
+
+
+# --- CUDA forward compatibility ------------------------------------------------------------
+
+def _image_with_compat(tmp_path, version: str, rootfs) -> str:
+    root = tmp_path / f"rootfs-{version}"
+    shutil.copytree(rootfs, root, symlinks=True)
+    compat = root / "usr/local/cuda/compat"
+    compat.mkdir(parents=True)
+    for name in (f"libcuda.so.{version}", f"libnvidia-ptxjitcompiler.so.{version}"):
+        (compat / name).write_bytes(b"\x7fELF not really")  # never opened: names only
+    (compat / "libcuda.so.1").symlink_to(f"libcuda.so.{version}")
+    (compat / "libcuda.so").symlink_to("libcuda.so.1")
+    (compat / "libnvidia-ptxjitcompiler.so.1").symlink_to(f"libnvidia-ptxjitcompiler.so.{version}")
+    return str(root)
+
+
+def _cache(plan):
+    (cache,) = [a for a in plan.actions if a.kind == "ldcache"]
+    return {e.key: e.value for e in cache.entries}, [e.key for e in cache.entries]
+
+
+def test_cuda_compat_of_a_newer_branch_comes_first(tmp_path, make_bundle, inventory, rootfs_debian):
+    root = _image_with_compat(tmp_path, "550.54.15", rootfs_debian)
+    plan = plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=0"], rootfs=root)
+    values, keys = _cache(plan)
+    assert values["libcuda.so.1"] == "/usr/local/cuda/compat/libcuda.so.1"
+    assert values["libnvidia-ptxjitcompiler.so.1"] == "/usr/local/cuda/compat/libnvidia-ptxjitcompiler.so.1"
+    assert values["libnvidia-ml.so.1"] == "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"  # not in compat: ours
+    assert keys.count("libcuda.so.1") == 1
+    # nothing of the image becomes a mount: every bind's source is the driver root's
+    assert all(a.source.startswith(inventory.root) for a in plan.actions
+               if a.kind in ("library", "binary", "config", "firmware", "device"))
+
+
+@pytest.mark.parametrize("version", ["535.54.03", "530.30.02"])
+def test_cuda_compat_of_the_same_or_an_older_branch_is_left_alone(version, tmp_path, make_bundle, inventory,
+                                                                   rootfs_debian):
+    root = _image_with_compat(tmp_path, version, rootfs_debian)
+    values, _ = _cache(plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=0"], rootfs=root))
+    assert values["libcuda.so.1"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+
+
+def test_hostile_compat_directories_are_ignored(tmp_path, make_bundle, inventory, rootfs_debian):
+    """A compat dir that is a link to the host's /, or whose libcuda.so.1 leads out of it."""
+    root = _image_with_compat(tmp_path, "550.54.15", rootfs_debian)
+    compat = os.path.join(root, "usr/local/cuda/compat")
+    shutil.rmtree(compat)
+    os.symlink("/", compat)
+    values, _ = _cache(plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=0"], rootfs=root))
+    assert values["libcuda.so.1"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    os.unlink(compat)
+    os.mkdir(compat)
+    os.symlink("../../../lib/x86_64-linux-gnu/libcuda.so.550.54.15", os.path.join(compat, "libcuda.so.1"))
+    open(os.path.join(root, "usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"), "wb").close()
+    values, _ = _cache(plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=0"], rootfs=root))
+    assert values["libcuda.so.1"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
