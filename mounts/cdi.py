@@ -292,13 +292,19 @@ def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
     createContainer hook of ours (``hook`` + its --link and --cache-entry arguments) that
     makes the links and the container's ld.so.cache, for all of them."""
     from mounts import actions as A
+    from mounts.driver import dri_link
     from mounts.plan import iter_plan
     from mounts.request import CAPABILITIES, GpuRequest
 
     layout = driver_layout(inventory)
     request = GpuRequest(("all",), frozenset(CAPABILITIES) - {"compat32"})
     actions = list(iter_plan(request, inventory, layout, list(inventory.gpus)))
-    gpu_nodes = {f"/dev/nvidia{g.minor}" for g in inventory.gpus}
+    # a GPU's own nodes: its /dev/nvidia<minor> and DRI nodes; the by-path links to the
+    # latter are made by a hook of that device's, so that no link names an absent GPU
+    own = {g.busid: [f"/dev/nvidia{g.minor}"] + [f"/dev/{n}" for n in inventory.dri.get(g.busid, ())]
+           for g in inventory.gpus}
+    gpu_nodes = {t for targets in own.values() for t in targets}
+    by_path = {a.target for a in actions if isinstance(a, A.Symlink) and a.target.startswith("/dev/dri/by-path/")}
 
     def node(a: A.Device) -> DeviceNode:
         return DeviceNode(a.target, host_path=a.source if a.source != a.target else None, type="c",
@@ -306,21 +312,31 @@ def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
 
     common = [node(a) for a in actions if isinstance(a, A.Device) and a.target not in gpu_nodes]
     by_target = {a.target: node(a) for a in actions if isinstance(a, A.Device) and a.target in gpu_nodes}
+    links = {a.target: a.source for a in actions if isinstance(a, A.Symlink) and a.target in by_path}
     mounts = [Mount(a.source, a.target, options=IPC_OPTS if isinstance(a, A.Ipc) else FILE_OPTS)
               for a in actions if isinstance(a, A.Library | A.Binary | A.Firmware | A.Ipc | A.Config)]
     args = list(hook)
     for a in actions:
-        if isinstance(a, A.Symlink):
+        if isinstance(a, A.Symlink) and a.target not in by_path:
             args += ["--link", f"{a.source}::{a.target}"]
         elif isinstance(a, A.LdCache):
             args += [arg for e in a.entries for arg in ("--cache-entry", f"{e.key}::{e.value}::{e.flags:#x}")]
     edits = ContainerEdits(env=["NVIDIA_VISIBLE_DEVICES=void"], device_nodes=common, mounts=mounts,
                            hooks=[Hook("createContainer", hook[0], args, hook_env)])
+
+    def gpu_edits(busids: list[str]) -> ContainerEdits:
+        nodes = [by_target[t] for b in busids for t in own[b] if t in by_target]
+        mine = [(links[t], t) for b in busids for n in inventory.dri.get(b, ())
+                if (t := "/dev/dri/" + dri_link(b, n.rpartition("/")[2])) in links]
+        hooks = [Hook("createContainer", hook[0], list(hook) + [x for c, t in mine for x in ("--link", f"{c}::{t}")],
+                      hook_env)] if mine else []
+        return ContainerEdits(device_nodes=nodes, hooks=hooks)
+
     devices = []
     for g in inventory.gpus:
-        one = ContainerEdits(device_nodes=[by_target[f"/dev/nvidia{g.minor}"]])
+        one = gpu_edits([g.busid])
         devices += [Device(str(g.index), one), Device(g.uuid, one)]
-    devices.append(Device("all", ContainerEdits(device_nodes=[by_target[t] for t in sorted(by_target)])))
+    devices.append(Device("all", gpu_edits([g.busid for g in inventory.gpus])))
     spec = CdiSpec("0.3.0", KIND, devices, edits)
     return msgspec.structs.replace(spec, cdi_version=minimum_version(spec))
 

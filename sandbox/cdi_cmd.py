@@ -72,8 +72,8 @@ def hook(args) -> int:
     actions: list = []
     for link in args.link:
         content, sep, target = link.partition("::")
-        if not sep or not os.path.isabs(target) or "/" in content:
-            raise BundleError(f"--link {link!r}: expected NAME::/ABSOLUTE/PATH")
+        if not sep or not os.path.isabs(target) or not content or os.path.isabs(content):
+            raise BundleError(f"--link {link!r}: expected RELATIVE-CONTENT::/ABSOLUTE/PATH")
         actions.append(A.Symlink(content, target))
     entries = []
     for item in args.cache_entry:

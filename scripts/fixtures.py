@@ -48,8 +48,10 @@ DRIVER_DEBS = (
 ).split()
 # Versioned on their own: nvidia-persistenced (contrib), the EGL external platform libraries.
 OTHER_DEBS = ["nvidia-persistenced", "libnvidia-egl-wayland1", "libnvidia-egl-gbm1"]
-# Debian's loaders, for the tests that run them against the driver's ICD files.
-LOADER_DEBS = ["libvulkan1", "libegl1", "libglvnd0"]
+# Debian's loaders, for the tests that run them against the driver's ICD files (with the X
+# libraries libGLX_nvidia, the Vulkan ICD, needs).
+LOADER_DEBS = ["libvulkan1", "libegl1", "libglvnd0", "libx11-6", "libxext6", "libxcb1", "libxau6",
+               "libxdmcp6", "libbsd0", "libmd0"]
 
 # Two GPUs as /proc/driver/nvidia/gpus/<busid>/information shows them.
 GPUS = (
@@ -388,6 +390,98 @@ def rootfs(style: str = "debian") -> Path:
     (tmp / "etc/ld.so.conf").write_text(f"/{libdir}\n")
     run("ldconfig", "-r", tmp)
     tmp.chmod(0o755)
+    return _finish(tmp, root)
+
+
+LOADERCHECK = r"""
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+/* Vulkan's and EGL's entry points, declared here: no -dev package in the build. */
+typedef struct {
+    int sType; const void *pNext; uint32_t flags; const void *pApplicationInfo;
+    uint32_t enabledLayerCount; const char *const *ppEnabledLayerNames;
+    uint32_t enabledExtensionCount; const char *const *ppEnabledExtensionNames;
+} VkInstanceCreateInfo;
+typedef int (*vkCreateInstance_t)(const VkInstanceCreateInfo *, const void *, void **);
+typedef const char *(*eglQueryString_t)(void *, int);
+
+static void *open_or_die(const char *lib) {
+    void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); }
+    return h;
+}
+
+static void mapped(const char *what) {  /* the vendor libraries the loader brought in */
+    char line[4096];
+    FILE *f = fopen("/proc/self/maps", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        char *p = strchr(line, '/');
+        if (p && strstr(p, what) && strstr(line, "r-xp")) { printf("mapped %s", p); }
+    }
+    if (f) fclose(f);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "vulkan")) {
+        void *h = open_or_die("libvulkan.so.1");
+        if (!h) return 2;
+        vkCreateInstance_t create = (vkCreateInstance_t)dlsym(h, "vkCreateInstance");
+        VkInstanceCreateInfo ci;
+        memset(&ci, 0, sizeof ci);
+        ci.sType = 1;  /* VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO */
+        void *instance = 0;
+        int rc = create(&ci, 0, &instance);
+        mapped("nvidia");
+        printf("vkCreateInstance: %d\n", rc);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "egl")) {
+        void *h = open_or_die("libEGL.so.1");
+        if (!h) return 2;
+        eglQueryString_t query = (eglQueryString_t)dlsym(h, "eglQueryString");
+        const char *ext = query(0, 0x3055);  /* EGL_NO_DISPLAY, EGL_EXTENSIONS: every vendor's */
+        printf("client extensions: %s\n", ext ? ext : "(none)");
+        mapped("nvidia");
+        return 0;
+    }
+    fprintf(stderr, "usage: loadercheck vulkan|egl\n");
+    return 2;
+}
+"""
+
+
+def loader_debs() -> Path:
+    debs = CACHE / "loader-debs-v1"
+    if (debs / ".complete").exists():
+        return debs
+    shutil.rmtree(debs, ignore_errors=True)
+    debs.mkdir(parents=True)
+    opts = apt_options()
+    run("apt-get", *opts, "update")
+    run("apt-get", *opts, "download", *LOADER_DEBS, cwd=debs)
+    (debs / ".complete").touch()
+    return debs
+
+
+def loaders_rootfs() -> Path:
+    """rootfs("debian") plus Debian's Vulkan and EGL loaders (libvulkan1, libegl1 and what
+    they and the driver's ICDs need of the system's), and loadercheck, which drives them."""
+    root = CACHE / f"rootfs-loaders-v{ROOTFS_REV}"
+    if _done(root):
+        return root
+    debs = loader_debs()
+    tmp = _fresh(root)
+    shutil.rmtree(tmp)
+    shutil.copytree(rootfs("debian"), tmp, symlinks=True)
+    for deb in sorted(debs.glob("*.deb")):
+        run("dpkg", "-x", deb, tmp)
+    src = tmp / "loadercheck.c"
+    src.write_text(LOADERCHECK)
+    run("gcc", "-O1", "-o", tmp / "usr/bin/loadercheck", src, "-ldl")
+    src.unlink()
+    run("ldconfig", "-r", tmp)
     return _finish(tmp, root)
 
 

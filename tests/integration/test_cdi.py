@@ -161,7 +161,7 @@ def test_cdi_hook_refuses_bad_arguments_in_one_line(tmp_path):
     r = subprocess.run([*CLI, "cdi", "hook", "--link", "no-separator"], input='{"id":"x","pid":1,"bundle":"/"}',
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and r.stderr.strip() == (
-        "sandbox cdi: --link 'no-separator': expected NAME::/ABSOLUTE/PATH"), r.stderr
+        "sandbox cdi: --link 'no-separator': expected RELATIVE-CONTENT::/ABSOLUTE/PATH"), r.stderr
 
 
 def test_the_hook_serves_nvidias_cdi_names_and_refuses_others(make_bundle, driver_root, tmp_path):
