@@ -336,16 +336,25 @@ def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
     for g in inventory.gpus:
         one = gpu_edits([g.busid])
         devices += [Device(str(g.index), one), Device(g.uuid, one)]
+    for m in inventory.migs:  # as nvidia-ctk's: the parent's node and the instances' caps nodes
+        gpu = next(g for g in inventory.gpus if g.minor == m.minor)
+        nodes = [DeviceNode(d.path, host_path=d.source if d.source != d.path else None, type="c",
+                            major=d.major, minor=d.minor)
+                 for name in (f"nvidia{m.minor}", f"nvidia-caps/nvidia-cap{m.gi_cap}", f"nvidia-caps/nvidia-cap{m.ci_cap}")
+                 if (d := inventory.devices.get(name)) is not None]
+        devices.append(Device(f"{gpu.index}:{m.gi}:{m.ci}", ContainerEdits(device_nodes=nodes)))
     devices.append(Device("all", gpu_edits([g.busid for g in inventory.gpus])))
     spec = CdiSpec("0.3.0", KIND, devices, edits)
     return msgspec.structs.replace(spec, cdi_version=minimum_version(spec))
 
 
-_NATIVE = re.compile(r"all|[0-9]{1,9}|GPU-[0-9a-fA-F-]{1,64}")
+_NATIVE = re.compile(r"all|[0-9]{1,9}|GPU-[0-9a-fA-F-]{1,64}|[0-9]{1,9}:[0-9]{1,4}(?::[0-9]{1,4})?"
+                     r"|MIG-[0-9a-zA-Z/-]{1,128}")
 
 
 def is_native(name: str) -> bool:
-    """An NVIDIA GPU by index, UUID or all: served as NVIDIA_VISIBLE_DEVICES, not edited in."""
+    """An NVIDIA GPU by index, UUID or all, or a MIG device: served as NVIDIA_VISIBLE_DEVICES,
+    not edited in."""
     kind, _, dev = name.partition("=")
     return kind == KIND and bool(_NATIVE.fullmatch(dev))
 

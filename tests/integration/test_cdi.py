@@ -44,7 +44,9 @@ def test_generate_is_deterministic_yaml_or_json_and_lists(driver_root, tmp_path)
     gpus = fixtures.driver_535()  # (the same fixture)
     assert gpus
     names = listed.stdout.split()
-    assert names[:2] == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"] and names[-1] == "nvidia.com/gpu=all", names
+    assert {"nvidia.com/gpu=0", "nvidia.com/gpu=1"} <= set(names) and names[-1] == "nvidia.com/gpu=all", names
+    assert [n for n in names if n.count(":") == 2] == ["nvidia.com/gpu=0:1:0", "nvidia.com/gpu=0:2:0",
+                                                       "nvidia.com/gpu=0:2:1"], names
     assert any(n.startswith("nvidia.com/gpu=GPU-") for n in names)
 
 
@@ -64,7 +66,9 @@ def test_podman_consumes_our_spec(driver_root, tmp_path):
     script = (f"mount -t tmpfs tmpfs /run && mkdir /run/cdi && cp {tmp_path}/nvidia.yaml /run/cdi/ && "
               f"{podman} load -i {fixtures.image_archive()} >/dev/null && "
               f"{run} --device nvidia.com/gpu=all {engines.IMAGE} sh -c '{GPU_SCRIPT}' && echo === && "
-              f"{run} --device nvidia.com/gpu=0 {engines.IMAGE} sh -c 'ls /dev/nvidia*'")
+              f"{run} --device nvidia.com/gpu=0 {engines.IMAGE} sh -c 'ls /dev/nvidia* /dev/dri/*; "
+              "for f in /dev/dri/by-path/*; do readlink $f; done' && echo === && "
+              f"{run} --device nvidia.com/gpu=0:2:1 {engines.IMAGE} sh -c 'ls /dev/nvidia* /dev/nvidia-caps/*'")
     parents = engines._cgroup_parents("libpod_parent")
     before = mount_table()
     try:
@@ -74,9 +78,14 @@ def test_podman_consumes_our_spec(driver_root, tmp_path):
         engines._rm_if_new(parents)
         shutil.rmtree(base, ignore_errors=True)
     assert r.returncode == 0, (r.stdout, r.stderr)
-    everything, one = r.stdout.split("===\n")
+    everything, one, mig = r.stdout.split("===\n")
     check_gpu_output(everything)
     assert "/dev/nvidia0" in one.split() and "/dev/nvidia1" not in one.split(), one
+    # GPU 0's DRI nodes, and the by-path links our hook made for that device only
+    assert {"/dev/dri/card1", "/dev/dri/renderD128"} <= set(one.split()) and "/dev/dri/card2" not in one, one
+    assert one.split()[-2:] == ["../card1", "../renderD128"], one
+    assert {"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap23"} <= set(mig.split()), mig
+    assert "/dev/nvidia1" not in mig and "nvidia-cap22" not in mig, mig
     assert mount_table() == before
 
 
