@@ -471,6 +471,11 @@ class Pinned:
         self.roots = [os.open(os.path.join(h, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
                       for h in {hierarchy(d) for d in dirs}]
 
+    def close(self) -> None:
+        """In the forked init, which must not keep them."""
+        for fd in self.roots + [fd for fd, _name in self.entries]:
+            os.close(fd)
+
     def remove(self) -> None:
         for fd in self.roots:  # out of them first: we are in them too
             try:

@@ -72,7 +72,7 @@ def _gpu_requests(sock: socket.socket, root: Root, spans: Spans) -> int:
 ORPHANED = signal.SIGRTMIN + 1  # our PDEATHSIG while we wait: no signal anyone forwards
 
 
-def _wait_pid1(child: int, parent: int, cgroups: list[str]) -> None:
+def _wait_pid1(child: int, parent: int, pinned: Pinned | None) -> None:
     """We are the parent of the container's pid 1: forward signals, exit as it exits. Should
     our supervisor die (SIGKILL), the kernel tells us with ORPHANED: then the container goes
     too, and with it the cgroup the supervisor made, which nobody else would remove."""
@@ -81,10 +81,6 @@ def _wait_pid1(child: int, parent: int, cgroups: list[str]) -> None:
             os.kill(child, signum)
         except ProcessLookupError:
             pass
-
-    # pid 1 is about to pivot_root in the mount namespace we share, which detaches the host's
-    # cgroup mounts from our view: hold what we would remove by fds opened now.
-    pinned = Pinned(cgroups) if cgroups else None
 
     def orphaned(_signum, _frame):
         try:
@@ -180,13 +176,20 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         # A new pid namespace applies to children: fork its pid 1 now, before any mount, so
         # that procfs is mounted from inside the namespace it should show.
         t = time.monotonic_ns()
+        # pid 1 will pivot_root in the mount namespace we share, which detaches the host's
+        # cgroup mounts from our view, perhaps before we run again after the fork: hold what
+        # we would remove by fds opened first. (In a user namespace the keeper above us
+        # removes the cgroups: we cannot.)
+        created = [] if in_userns or start.detached else start.cgroup_created
+        pinned = Pinned(created) if created else None
         child = os.fork()
         if child:
             sock.close()
             if start.detached:  # create: the init outlives us; the caller (a subreaper) reaps it
                 os._exit(0)
-            # (in a user namespace the keeper above us removes the cgroups: we cannot)
-            _wait_pid1(child, parent, [] if in_userns else start.cgroup_created)
+            _wait_pid1(child, parent, pinned)
+        if pinned is not None:
+            pinned.close()
         if not start.detached:
             prctl.set_pdeathsig(signal.SIGKILL)
     host_pid = spans.pid = _host_pid()  # read while /proc is still the host's

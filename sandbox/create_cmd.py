@@ -4,7 +4,8 @@ caller (conmon, containerd-shim: a subreaper) becomes the init's parent and reap
 
 from __future__ import annotations
 
-from sandbox.launch import Gofer, launch, options, spawn_gofer, write_pid_file
+from sandbox.fork import Gofer, spawn_gofer
+from sandbox.launch import launch, options, write_pid_file
 
 
 def main(args, gofer: Gofer | None = None) -> int:

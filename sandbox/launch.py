@@ -1,12 +1,5 @@
 """Start a container up to the moment its init is ready: what `sandbox run` and `sandbox
-create` share.
-
-The gofer is forked before anything else is imported, even before the command line is
-parsed (cli.main calls spawn_gofer for run and create): the child imports what it needs and
-starts building the root (unshare, spec mounts) while the parent parses the bundle and
-resolves the GPU closure. The process is single-threaded at the fork and the child runs
-plain Python (no locks held, no exec), so forking here is safe. See docs/design.md.
-"""
+create` share, once sandbox/fork.py has forked the gofer."""
 
 from __future__ import annotations
 
@@ -16,6 +9,8 @@ import socket
 import sys
 import time
 from typing import NamedTuple
+
+from sandbox.fork import Gofer
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -33,27 +28,6 @@ def forward_signals(pid: int) -> None:
         signal.signal(sig, forward)
 
 TRACE_ANNOTATION = "org.gpu-sandbox.trace"  # a bundle may ask for a startup trace itself
-
-
-class Gofer(NamedTuple):
-    pid: int
-    sock: socket.socket  # our end of the socketpair
-    t0: int  # CLOCK_MONOTONIC at the fork: the trace's origin
-
-
-def spawn_gofer() -> Gofer:
-    """Fork the gofer; in the child this never returns."""
-    t0 = time.monotonic_ns()
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    me = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        ours.close()
-        from gofer.main import serve
-
-        serve(theirs, t0, me)  # never returns
-    theirs.close()
-    return Gofer(pid, ours, t0)
 
 
 class Options(NamedTuple):
@@ -141,6 +115,8 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                     request = cap_request(request, opts.max_capabilities)
             with spans.span("cgroup"):
                 cgroup = _cgroup(spec, opts, gofer.pid, sd)
+                if gofer.warm:
+                    gofer.warm[0] = False
                 if not devices_enforced(cgroup.dirs.values() if cgroup else ()):
                     # fail closed: without device rules a node in the image (or one made
                     # with CAP_MKNOD) opens the host's device itself, a disk, /dev/kmsg
@@ -205,6 +181,8 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
         sd.remove()
         raise
     finally:
+        if gofer.warm:
+            gofer.warm[0] = False
         sock.close()
 
 

@@ -12,15 +12,8 @@ import os
 import signal
 import time
 
-from sandbox.launch import (
-    Gofer,
-    exit_code,
-    forward_signals,
-    launch,
-    options,
-    spawn_gofer,
-    write_pid_file,
-)
+from sandbox.fork import Gofer, spawn_gofer
+from sandbox.launch import exit_code, forward_signals, launch, options, write_pid_file
 
 
 def main(args, gofer: Gofer | None = None) -> int:
@@ -28,7 +21,7 @@ def main(args, gofer: Gofer | None = None) -> int:
     from gofer.spans import Spans
     from mounts.errors import SandboxError
 
-    pid, _sock, t0 = gofer = gofer or spawn_gofer()
+    pid, _sock, t0, _warm = gofer = gofer or spawn_gofer()
     forward_signals(pid)  # until the event loop, if any, takes over
     if args.trace and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
         _kill(pid)

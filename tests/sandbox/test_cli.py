@@ -1,0 +1,31 @@
+"""The lean command-line reader gives exactly argparse's namespace, or defers to argparse."""
+
+import pytest
+
+from sandbox.cli import lean_args, parser
+
+SAME = [
+    ["start", "c1"], ["--root", "/r", "state", "c1"], ["kill", "c1"], ["kill", "--all", "c1", "KILL"],
+    ["delete", "-f", "c1"], ["list", "-q", "--format", "json"], ["ps", "c1"],
+    ["--root", "/r", "--log", "/l", "--log-format", "json", "create", "--bundle", "/b", "--pid-file", "/p", "c1"],
+    ["create", "-b", "/b", "--console-socket", "/s", "--preserve-fds", "2", "--no-pivot", "--no-new-keyring", "c1"],
+    ["--systemd-cgroup", "--debug", "create", "--bundle=/b", "c1"],
+    ["run", "/bundle"], ["run", "--root", "/r", "-d", "-b", "/b", "--pid-file", "/p", "c1"],
+    ["--driver-root", "/d", "run", "--gpus", "0", "--capabilities", "compute", "--trace", "/t.json", "--id", "x", "/b"],
+    ["run", "--keep", "--detach", "c1"],
+]
+DEFERRED = [
+    ["run"], ["create", "a", "b"], ["run", "--scratch-size", "1g", "/b"], ["create", "--preserve-fds", "x", "c"],
+    ["create", "--bund", "/b", "c1"], ["run", "--help"], ["--cdi-spec-dir", "/c", "run", "/b"], ["exec", "c1", "true"],
+    ["create", "--pid-file"], ["list", "--format", "yaml"],
+]
+
+
+@pytest.mark.parametrize("argv", SAME, ids=" ".join)
+def test_lean_reads_what_argparse_reads(argv):
+    assert vars(lean_args(argv)) == vars(parser().parse_args(argv))
+
+
+@pytest.mark.parametrize("argv", DEFERRED, ids=" ".join)
+def test_anything_else_goes_to_argparse(argv):
+    assert lean_args(argv) is None
