@@ -45,35 +45,32 @@ def warm_cgroup_lock() -> list | None:
     The first write to any cgroup.procs after a quiet spell waits for an RCU grace period
     (cgroup_threadgroup_rwsem's rcu_sync: 10-14 ms on the development VM; runc pays it too),
     and later writes are fast for as long as each comes within a grace period of the last.
-    The thread writes our own pid to our own cgroup (a move to where we already are:
-    nothing changes) every 2 ms while the main thread imports and parses, so that the
-    container's cgroup step finds the lock warm. Best effort: an error ends the thread, and
-    the step pays as before."""
-    try:
-        with open("/proc/self/cgroup", "rb") as f:
-            line = next((x for x in f.read().splitlines() if x.startswith(b"0::")), None)
-    except OSError:
-        return None
-    if line is None:
-        return None
-    rel = line[3:].decode(errors="replace").lstrip("/")
-    target = next((p for p in (os.path.join("/sys/fs/cgroup/unified", rel, "cgroup.procs"),
-                               os.path.join("/sys/fs/cgroup", rel, "cgroup.procs")) if os.path.exists(p)), None)
-    if target is None:
-        return None
+    The thread writes our own pid to the cgroup.procs of our own v2 cgroup every 2 ms while
+    the main thread imports and parses: a move to where we already are, so nothing changes,
+    and the container's cgroup step finds the lock warm. It writes only once that file has
+    listed our pid (a cgroup namespace or mount that does not match /proc/self/cgroup would
+    otherwise make the write a real move). Best effort: any error ends the thread, and the
+    step pays as before. (A pid no task has is refused before the lock is taken, on 6.x.)"""
     flag = [True]
 
     def keep_warm() -> None:
-        me = str(os.getpid()).encode()
+        me = str(os.getpid())
         try:
+            with open("/proc/self/cgroup") as f:
+                rel = next(x[3:].strip() for x in f if x.startswith("0::")).lstrip("/")
+            target = next(p for p in (os.path.join("/sys/fs/cgroup/unified", rel, "cgroup.procs"),
+                                      os.path.join("/sys/fs/cgroup", rel, "cgroup.procs")) if os.path.exists(p))
+            with open(target) as f:
+                if me not in f.read().split():
+                    return
             fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
             try:
                 while flag[0]:
-                    os.write(fd, me)
+                    os.write(fd, me.encode())
                     time.sleep(0.002)
             finally:
                 os.close(fd)
-        except OSError:
+        except (OSError, StopIteration, ValueError):
             pass
 
     _thread.start_new_thread(keep_warm, ())
