@@ -3,6 +3,7 @@ and CUDA forward compatibility, on the real 535 fixture (its fake kernel side ha
 with DRI nodes and a MIG layout on GPU 0: fixtures.MIG_LAYOUT)."""
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -236,3 +237,33 @@ def test_hostile_compat_directories_are_ignored(tmp_path, make_bundle, inventory
     open(os.path.join(root, "usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"), "wb").close()
     values, _ = _cache(plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=0"], rootfs=root))
     assert values["libcuda.so.1"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+
+
+def test_a_gpus_index_and_its_minor_are_never_confused(tmp_path):
+    """gVisor #9389: indices count the GPUs in bus order, minors are the driver's. Here GPU 0
+    (bus 10) has minor 5 and GPU 1 (bus 11) minor 2."""
+    root = tmp_path / "driver"
+    subprocess.run(["cp", "-a", str(fixtures.synthetic_driver(10)), str(root)], check=True)
+    for busid, minor in (("0000:10:00.0", 5), ("0000:11:00.0", 2)):
+        info = root / f"proc/driver/nvidia/gpus/{busid}/information"
+        info.write_text(re.sub(r"Device Minor:.*", f"Device Minor: \t {minor}", info.read_text()))
+    for old in ("nvidia0", "nvidia1"):
+        (root / "dev" / old).unlink()
+    for minor in (5, 2):
+        os.mknod(root / f"dev/nvidia{minor}", 0o666 | 0o020000, os.makedev(195, minor))
+    inv = discover(str(root))
+    assert [(g.index, g.minor) for g in inv.gpus] == [(0, 5), (1, 2)]
+
+    def nodes(env=(), devices=()):
+        spec = msgspec.convert({"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+                                "process": {"args": ["true"], "env": list(env)},
+                                "linux": {"devices": [{"path": p, "type": "c"} for p in devices]}}, Spec)
+        plan = compute_plan(gpu_request(spec), inv, layout_of(str(fixtures.rootfs())))
+        return sorted(t for t in targets(plan, "device") if t[len("/dev/nvidia"):].isdigit())
+
+    assert nodes(["NVIDIA_VISIBLE_DEVICES=0"]) == ["/dev/nvidia5"]
+    assert nodes(["NVIDIA_VISIBLE_DEVICES=1"]) == ["/dev/nvidia2"]
+    with pytest.raises(RequestError, match="unknown device '5'"):
+        nodes(["NVIDIA_VISIBLE_DEVICES=5"])
+    # the GKE way names nodes, so there the number is the minor
+    assert nodes(devices=["/dev/nvidiactl", "/dev/nvidia2"]) == ["/dev/nvidia2"]
