@@ -51,6 +51,8 @@ def apply(root: Root, action: A.AnyAction) -> None:
             write_ldcache(root, action)
         case A.ProcFs():
             proc_driver(root, action)
+        case A.Config(data=str()):
+            bind_content(root, action.target.replace("/", "_"), action.data.encode(), action.target, action.flags)
         case _:
             src, st = open_source(action)
             try:
@@ -84,13 +86,18 @@ def write_ldcache(root: Root, action: A.LdCache) -> None:
         pass
     if data is None:
         data = ldcache.build(list(action.entries))
+    bind_content(root, "ld.so.cache", data, action.target, action.flags)
+
+
+def bind_content(root: Root, name: str, data: bytes, target: str, flags: tuple[str, ...]) -> None:
+    """A new file ``name`` of ``data`` in the private scratch tmpfs, bound over ``target``."""
     s = root.scratch()
-    fd = os.open("ld.so.cache", os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=s)
+    fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=s)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-    src = os.open("ld.so.cache", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=s)
+    src = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=s)
     try:
-        root.bind(src, action.target, action.flags)
+        root.bind(src, target, flags)
     finally:
         os.close(src)
 

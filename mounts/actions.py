@@ -44,7 +44,10 @@ class Ipc(Action, tag="ipc"):
 
 class Config(Action, tag="config"):
     """A loader's configuration file of the driver's (a Vulkan or EGL ICD, the OpenCL
-    vendor file), bound read-only where the loader looks."""
+    vendor file, nvoptix.bin), bound read-only where the loader looks; with ``data``, a file
+    of that content (the host's with its library paths made the container's) instead."""
+
+    data: str | None = None
 
 
 class Device(Action, tag="device"):

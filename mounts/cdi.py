@@ -314,11 +314,14 @@ def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
     by_target = {a.target: node(a) for a in actions if isinstance(a, A.Device) and a.target in gpu_nodes}
     links = {a.target: a.source for a in actions if isinstance(a, A.Symlink) and a.target in by_path}
     mounts = [Mount(a.source, a.target, options=IPC_OPTS if isinstance(a, A.Ipc) else FILE_OPTS)
-              for a in actions if isinstance(a, A.Library | A.Binary | A.Firmware | A.Ipc | A.Config)]
+              for a in actions if isinstance(a, A.Library | A.Binary | A.Firmware | A.Ipc)
+              or isinstance(a, A.Config) and a.data is None]
     args = list(hook)
     for a in actions:
         if isinstance(a, A.Symlink) and a.target not in by_path:
             args += ["--link", f"{a.source}::{a.target}"]
+        elif isinstance(a, A.Config) and a.data is not None:  # the host's file made the container's
+            args += ["--file", f"{a.target}::{a.data}"]
         elif isinstance(a, A.LdCache):
             args += [arg for e in a.entries for arg in ("--cache-entry", f"{e.key}::{e.value}::{e.flags:#x}")]
     edits = ContainerEdits(env=["NVIDIA_VISIBLE_DEVICES=void"], device_nodes=common, mounts=mounts,

@@ -280,6 +280,50 @@ def config_files(inventory: Inventory, caps: frozenset[str]) -> list[str]:
     return out
 
 
+def loader_file(host: str, made: dict[str, int]) -> str | None:
+    """A loader's file that names its library by a host path (an ICD or layer JSON's
+    ``library_path``, an OpenCL .icd line), as the container needs it: that path replaced by
+    where the plan puts the library (``made``: container paths of libraries and links), else
+    by its file name for the container's ld.so.cache to resolve. None when it names its
+    libraries by name only, as Debian's do: the file is bound as it is."""
+    from mounts.driver import read_file
+
+    if not host.endswith((".json", ".icd")):
+        return None
+    found = read_file("/", host.lstrip("/"))
+    if found is None:
+        return None
+    by_name = {os.path.basename(p): p for p in made}
+
+    def fix(path):
+        if not isinstance(path, str) or not path.startswith("/"):
+            return path
+        name = os.path.basename(path)
+        return by_name.get(name, name)
+
+    text = found[1].decode("utf-8", "replace")
+    if host.endswith(".icd"):
+        lines = text.splitlines()
+        fixed = [fix(line.strip()) for line in lines]
+        return "\n".join(fixed) + "\n" if fixed != [line.strip() for line in lines] else None
+    try:
+        doc = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return None  # not ours to repair: bound as it is, the loader judges it
+    changed = False
+    for key in ("ICD", "layer"):
+        part = doc.get(key) if isinstance(doc, dict) else None
+        for entry in (part if isinstance(part, list) else [part]):
+            if isinstance(entry, dict) and fix(entry.get("library_path")) != entry.get("library_path"):
+                entry["library_path"] = fix(entry["library_path"])
+                changed = True
+    for entry in (doc.get("layers") or []) if isinstance(doc, dict) else []:
+        if isinstance(entry, dict) and fix(entry.get("library_path")) != entry.get("library_path"):
+            entry["library_path"] = fix(entry["library_path"])
+            changed = True
+    return msgspec.json.encode(doc).decode() + "\n" if changed else None
+
+
 def _is_file(path: str | None) -> bool:
     return path is not None and os.path.isfile(path) and not os.path.islink(path)
 
@@ -365,7 +409,8 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
         yield A.Firmware(host, target, A.RO_LIB)
 
     for target in config_files(inventory, lib_caps):
-        yield A.Config(inventory.host(target), target, A.RO_LIB)
+        host = inventory.host(target)
+        yield A.Config(host, target, A.RO_LIB, loader_file(host, made))
     if "display" in caps:
         for target, debian in XORG_MODULES:
             target, debian = target.format(version=inventory.version), debian.format(version=inventory.version)

@@ -75,6 +75,11 @@ def hook(args) -> int:
         if not sep or not os.path.isabs(target) or not content or os.path.isabs(content):
             raise BundleError(f"--link {link!r}: expected RELATIVE-CONTENT::/ABSOLUTE/PATH")
         actions.append(A.Symlink(content, target))
+    for item in args.file:
+        target, sep, content = item.partition("::")
+        if not sep or not os.path.isabs(target):
+            raise BundleError(f"--file {item[:80]!r}: expected /ABSOLUTE/PATH::CONTENT")
+        actions.append(A.Config("", target, A.RO_LIB, content))
     entries = []
     for item in args.cache_entry:
         parts = item.split("::")

@@ -175,6 +175,8 @@ def parser():
     p.add_argument("--link", action="append", default=[], metavar="NAME::PATH", help="(hook) a link to make")
     p.add_argument("--cache-entry", action="append", default=[], metavar="KEY::PATH::FLAGS",
                    help="(hook) an entry of the container's ld.so.cache")
+    p.add_argument("--file", action="append", default=[], metavar="PATH::CONTENT",
+                   help="(hook) a loader's file of this content, bound read-only at PATH")
 
     p = sub.add_parser("trace", help=VERBS["trace"])
     p.add_argument("file")

@@ -206,3 +206,23 @@ def test_the_env_asks_for_nvidias_devices_only(make_bundle, tmp_path):
     bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=example.com/device=foo"])
     r = sandbox("--cdi-spec-dir", spec_dir, "run", bundle, "--root", tmp_path / "s")
     assert r.returncode == 2 and "only nvidia.com devices" in r.stderr and not (tmp_path / "marker").exists(), r.stderr
+
+
+def test_the_cdi_hook_writes_a_loader_file_as_given(make_bundle, tmp_path, rootfs_debian):
+    """--file (what generate writes for a host ICD file that names a host path): runc runs
+    the hook as createContainer, the container reads that content, read-only; the image
+    keeps its own file."""
+    content = '{"file_format_version":"1.0.0","ICD":{"library_path":"libnvidia-egl-gbm.so.1"}}'
+    target = "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json"
+    bundle = make_bundle(["sh", "-c", f"cat {target}; echo; touch {target} 2>&1 | tail -1"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["hooks"] = {"createContainer": [{"path": CLI[0], "args": [*CLI, "cdi", "hook", "--file",
+                                                                    f"{target}::{content}"]}]}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    before = (mount_table(), tree(rootfs_debian))
+    r = subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "-b", str(bundle), f"f{os.getpid()}"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == content and "Read-only file system" in lines[1], r.stdout
+    assert (mount_table(), tree(rootfs_debian)) == before

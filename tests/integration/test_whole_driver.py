@@ -68,3 +68,21 @@ def test_cuda_compat_is_what_glibc_loads(make_bundle, driver_root, driver_versio
     lines = [re.sub(r"^\s*[0-9]+:\s*", "", line) for line in r.stdout.splitlines()]  # LD_DEBUG's pid prefix
     assert lines == ["trying file=/usr/local/cuda/compat/libcuda.so.1", "libcuda.so.1: cuInit found"], r.stdout
     assert sorted(os.listdir(compat)) == ["libcuda.so.1", "libcuda.so.550.54.15"]  # the image as it was
+
+
+def test_a_rewritten_loader_file_is_what_the_container_reads(make_bundle, driver_root, tmp_path):
+    import subprocess
+
+    user = tmp_path / "driver"
+    user.mkdir()
+    for d in ("etc", "usr", "lib", "proc", "dev", "var"):  # hard links, never written through
+        subprocess.run(["cp", "-al", str(driver_root / d), str(user / d)], check=True)
+    ocl = user / "etc/OpenCL/vendors/nvidia.icd"
+    ocl.unlink()
+    ocl.write_text("/opt/nvidia/lib/libnvidia-opencl.so.1\n")
+    bundle = make_bundle(["sh", "-c", "cat /etc/OpenCL/vendors/nvidia.icd; touch /etc/OpenCL/vendors/nvidia.icd"],
+                         ["NVIDIA_VISIBLE_DEVICES=0"])
+    r = run(bundle, user, tmp_path)
+    assert r.stdout == "/usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1\n", (r.stdout, r.stderr)
+    assert "Read-only file system" in r.stderr and r.returncode == 1, r.stderr
+    assert ocl.read_text() == "/opt/nvidia/lib/libnvidia-opencl.so.1\n"  # the host's file as it was

@@ -267,3 +267,30 @@ def test_a_gpus_index_and_its_minor_are_never_confused(tmp_path):
         nodes(["NVIDIA_VISIBLE_DEVICES=5"])
     # the GKE way names nodes, so there the number is the minor
     assert nodes(devices=["/dev/nvidiactl", "/dev/nvidia2"]) == ["/dev/nvidia2"]
+
+
+def test_a_loader_file_naming_a_host_path_is_made_the_containers(tmp_path, make_bundle, driver_root):
+    """A host whose ICD files name libraries by absolute path (an installer's layout, here
+    /usr/lib64): the container gets them naming where the plan put each library; files
+    naming a SONAME, as Debian's do, are bound as they are."""
+    user = tmp_path / "driver"
+    user.mkdir()
+    for d in ("etc", "usr", "lib", "proc", "dev"):  # hard links: the same files, no 400 MB copy
+        subprocess.run(["cp", "-al", str(driver_root / d), str(user / d)], check=True)
+    icd = user / "usr/share/vulkan/icd.d/nvidia_icd.json"
+    doc = msgspec.json.decode(icd.read_bytes())
+    doc["ICD"]["library_path"] = "/usr/lib64/libGLX_nvidia.so.0"
+    icd.unlink()  # (a hard link: never written through)
+    icd.write_bytes(msgspec.json.encode(doc))
+    ocl = user / "etc/OpenCL/vendors/nvidia.icd"
+    ocl.unlink()
+    ocl.write_text("/opt/nvidia/lib/libnvidia-opencl.so.1\n")
+    plan = plan_for(make_bundle, discover(str(user)), ["NVIDIA_VISIBLE_DEVICES=0",
+                                                        "NVIDIA_DRIVER_CAPABILITIES=graphics,compute"])
+    configs = {a.target: a.data for a in plan.actions if a.kind == "config"}
+    lib = "/usr/lib/x86_64-linux-gnu"
+    assert msgspec.json.decode(configs["/usr/share/vulkan/icd.d/nvidia_icd.json"])["ICD"] == {
+        "library_path": f"{lib}/libGLX_nvidia.so.0", "api_version": doc["ICD"]["api_version"]}
+    assert configs["/etc/OpenCL/vendors/nvidia.icd"] == f"{lib}/libnvidia-opencl.so.1\n"
+    assert configs["/usr/share/glvnd/egl_vendor.d/10_nvidia.json"] is None  # Debian's: as it is
+    assert configs["/usr/share/nvidia/nvoptix.bin"] is None
