@@ -212,9 +212,13 @@ def extend(data: bytes, added: list[Entry], path: str = "ld.so.cache") -> bytes:
                 lo = mid + 1
             else:
                 hi = mid
-        while lo < len(items) and key(lo) == want:  # same name and flags: ours replaces it
-            del items[lo]
-        items.insert(lo, e)
+        stop = lo
+        while stop < len(items) and key(stop) == want:  # names libcmp holds equal ("0", "00")
+            stop += 1
+        same = [i for i in range(lo, stop) if _name_of(items[i], name) == e.key]  # exactly ours: replaced
+        for i in reversed(same):
+            del items[i]
+        items.insert(stop - len(same), e)  # after the equal ones, as the stable full sort puts it
 
     strings = bytearray()
     head = _HEADER.size + len(items) * _ENTRY.size
@@ -231,6 +235,11 @@ def extend(data: bytes, added: list[Entry], path: str = "ld.so.cache") -> bytes:
             packed.append(_ENTRY.pack(r[0], head + r[1] - lo_off, head + r[2] - lo_off, r[3], r[4]))
     header = _HEADER.pack(NEW_MAGIC, len(items), len_strings + len(strings), ENDIAN_LITTLE, 0)
     return header + b"".join(packed) + data[table:end] + bytes(strings)
+
+
+def _name_of(item, name) -> str:
+    """The key of an image row (through ``name``) or of one of our Entries."""
+    return item.key if isinstance(item, Entry) else name(item).decode("utf-8", "surrogateescape")
 
 
 def _new_header(data: bytes, path: str) -> int | None:
