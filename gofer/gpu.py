@@ -114,27 +114,58 @@ def proc_driver(root: Root, action: A.ProcFs) -> None:
             return
         raise
     os.close(fd)
+    # Every source is opened beneath the driver's proc directory without following any link
+    # (a real procfs has none there): a dev root's symlink must not lead to a host file.
+    base = os.open(action.source, O_PATH_DIR | os.O_NOFOLLOW)
+    try:
+        _proc_tmpfs(root, action, base)
+    finally:
+        os.close(base)
+
+
+MAX_PROC_FILE = 1 << 20
+
+
+def _beneath(base: int, rel: str, where: str) -> int:
+    try:
+        return sc.openat2(base, rel, os.O_PATH, sc.RESOLVE_BENEATH | sc.RESOLVE_NO_SYMLINKS, what=where)
+    except OSError as e:
+        raise MountError(where, f"source {rel}: {e.strerror}: not a plain file or directory of the "
+                                "driver's proc directory") from None
+
+
+def _proc_tmpfs(root: Root, action: A.ProcFs, base: int) -> None:
     tmp = root.mount_fs("tmpfs", "tmpfs", action.target, sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC, "mode=0555")
     root.mark_writable(tmp)
     for name in ("version", "params", "registry"):
         try:
-            with open(os.path.join(action.source, name), "rb") as f:
-                data = f.read()
+            path = sc.openat2(base, name, os.O_PATH, sc.RESOLVE_BENEATH | sc.RESOLVE_NO_SYMLINKS)
         except FileNotFoundError:
             continue
+        try:
+            fd = sc.open_regular(path)  # a FIFO would hang us, a device never end
+        finally:
+            os.close(path)
+        if fd is None:
+            raise MountError(f"{action.target}/{name}", f"source {action.source}/{name} is not a regular file")
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_PROC_FILE)
         if name == "params":
             data = data.replace(b"ModifyDeviceFiles: 1", b"ModifyDeviceFiles: 0")
         out = os.open(name, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o444, dir_fd=tmp)
         with os.fdopen(out, "wb") as f:
             f.write(data)
     for busid in action.gpus:
-        src = os.open(os.path.join(action.source, "gpus", busid), O_PATH_DIR | os.O_NOFOLLOW)
+        src = _beneath(base, f"gpus/{busid}", f"{action.target}/gpus/{busid}")
         try:
+            if not stat.S_ISDIR(os.fstat(src).st_mode):
+                raise MountError(f"{action.target}/gpus/{busid}", f"source {action.source}/gpus/{busid} "
+                                 "is not a directory")
             root.bind(src, f"{action.target}/gpus/{busid}", ("ro", "nosuid", "nodev", "noexec"), is_dir=True)
         finally:
             os.close(src)
     for rel in action.files:
-        src = os.open(os.path.join(action.source, rel), os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        src = _beneath(base, rel, f"{action.target}/{rel}")
         try:
             if not stat.S_ISREG(os.fstat(src).st_mode):
                 raise MountError(f"{action.target}/{rel}", f"source {action.source}/{rel} is not a regular file")

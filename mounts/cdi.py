@@ -351,13 +351,14 @@ def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
     return msgspec.structs.replace(spec, cdi_version=minimum_version(spec))
 
 
-_NATIVE = re.compile(r"all|[0-9]{1,9}|GPU-[0-9a-fA-F-]{1,64}|[0-9]{1,9}:[0-9]{1,4}(?::[0-9]{1,4})?"
-                     r"|MIG-[0-9a-zA-Z/-]{1,128}")
+# MIG devices only by our own names (GPU:GI:CI): nvidia-ctk's (GPU:MIG-index, MIG-<uuid>)
+# are edited in from its spec, whose edits say which slice they mean
+_NATIVE = re.compile(r"all|[0-9]{1,9}|GPU-[0-9a-fA-F-]{1,64}|[0-9]{1,9}:[0-9]{1,4}:[0-9]{1,4}")
 
 
 def is_native(name: str) -> bool:
-    """An NVIDIA GPU by index, UUID or all, or a MIG device: served as NVIDIA_VISIBLE_DEVICES,
-    not edited in."""
+    """An NVIDIA GPU by index, UUID or all, or a MIG device by our GPU:GI:CI: served as
+    NVIDIA_VISIBLE_DEVICES, not edited in."""
     kind, _, dev = name.partition("=")
     return kind == KIND and bool(_NATIVE.fullmatch(dev))
 

@@ -34,6 +34,7 @@ BIN_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin")
 _VERSION_RE = re.compile(r"Kernel Module\s+(?:for \S+\s+)?([0-9]{1,6}\.[0-9]{1,6}(?:\.[0-9]{1,6})?)")
 _LIB_VERSION_RE = re.compile(r"^lib(?:cuda|nvidia-ml)\.so\.([0-9]{1,6}\.[0-9]{1,6}(?:\.[0-9]{1,6})?)$")
 _NUMBER = re.compile(r"[0-9]{1,9}")
+_BUS_ID = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 
 class Gpu(msgspec.Struct, frozen=True):
@@ -194,6 +195,8 @@ def _gpus(root: str) -> list[Gpu]:
     gpus = []
     for index, busid in enumerate(busids):
         info_path = os.path.join(base, busid, "information")
+        if not _BUS_ID.fullmatch(busid):  # it becomes a path in the container and on the host
+            raise DriverError(f"{base}/{busid}: not a PCI bus id (domain:bus:device.function)")
         info = {}
         for line in (_text(root, f"proc/driver/nvidia/gpus/{busid}/information") or "").splitlines():
             key, sep, value = line.partition(":")
@@ -202,8 +205,10 @@ def _gpus(root: str) -> list[Gpu]:
         if not _NUMBER.fullmatch(info.get("Device Minor", "")):
             raise DriverError(f"{info_path}: no valid 'Device Minor:' line")
         minor = int(info["Device Minor"])
-        gpus.append(Gpu(index, minor, info.get("GPU UUID", ""), info.get("Bus Location", busid).lower(),
-                        info.get("Model", "")))
+        location = info.get("Bus Location", busid).lower()
+        if location != busid.lower():
+            raise DriverError(f"{info_path}: 'Bus Location: {location[:40]}' is not its directory's bus id {busid}")
+        gpus.append(Gpu(index, minor, info.get("GPU UUID", ""), busid.lower(), info.get("Model", "")))
     return gpus
 
 
@@ -327,7 +332,10 @@ def _migs(root: str, gpus: list[Gpu]) -> tuple[list[Mig], dict[str, int]]:
             gi = re.fullmatch(r"gi([0-9]{1,4})", gi_name)
             if gi is None or (gi_cap := _cap_minor(root, f"capabilities/gpu{g.minor}/mig/{gi_name}/access")) is None:
                 continue
-            for ci_name in sorted(os.listdir(os.path.join(base, gi_name)), key=_number_in):
+            gi_dir = resolve_in_root(root, f"proc/driver/nvidia/capabilities/gpu{g.minor}/mig/{gi_name}")
+            if gi_dir is None or not os.path.isdir(gi_dir):
+                continue
+            for ci_name in sorted(os.listdir(gi_dir), key=_number_in):
                 ci = re.fullmatch(r"ci([0-9]{1,4})", ci_name)
                 rel = f"capabilities/gpu{g.minor}/mig/{gi_name}/{ci_name}/access"
                 if ci is not None and (ci_cap := _cap_minor(root, rel)) is not None:

@@ -171,49 +171,57 @@ def _find_gpu(entry: str, gpus: list[Gpu], by_minor: bool) -> Gpu | None:
     return None
 
 
-_MIG_INDEX = re.compile(r"([0-9]{1,9}):([0-9]{1,4})(?::([0-9]{1,4}))?")
+_MIG_INDEX = re.compile(r"([0-9]{1,9}):([0-9]{1,4})")  # nvidia-container-cli's GPU:MIG-device-index
+_MIG_IDS = re.compile(r"([0-9]{1,9}):([0-9]{1,4}):([0-9]{1,4})")  # ours: GPU:GI:CI
 _MIG_LEGACY = re.compile(r"MIG-(GPU-[0-9a-fA-F-]{1,64})/([0-9]{1,4})/([0-9]{1,4})")
 
 
 def is_mig(entry: str) -> bool:
-    return entry.startswith("MIG-") or _MIG_INDEX.fullmatch(entry) is not None
+    return entry.startswith("MIG-") or bool(_MIG_INDEX.fullmatch(entry) or _MIG_IDS.fullmatch(entry))
 
 
 def select_migs(request: GpuRequest, inventory: Inventory) -> list[Mig]:
-    """The MIG devices ``request.devices`` names: ``GPU:GI[:CI]`` (the GPU's index, then
-    the instance ids; without CI, every compute instance of that GPU instance) or
-    ``MIG-GPU-<uuid>/<gi>/<ci>``. A name that matches no MIG device under the driver root
-    is an error. ``all`` means whole GPUs, never MIG devices."""
+    """The MIG devices ``request.devices`` names: ``GPU:GI:CI`` (the GPU's index, then the
+    instance ids) and ``MIG-GPU-<uuid>/<gi>/<ci>`` from the driver's files; ``MIG-<uuid>`` and
+    ``GPU:N`` (the N-th MIG device in NVML's order, as nvidia-container-cli counts them) from
+    NVML (mounts/nvml.py). A name that matches no MIG device is an error. ``all`` means
+    whole GPUs, never MIG devices."""
     chosen: list[Mig] = []
     for entry in request.devices if request.devices != ("all",) else ():
-        found = _find_migs(entry, inventory) if is_mig(entry) else None
-        if found == []:
+        if not is_mig(entry):
+            continue
+        found = _find_mig(entry, inventory)
+        if found is None:
             raise RequestError(f"{request.source}: unknown MIG device {entry!r} "
                                f"({len(inventory.migs)} MIG devices under {inventory.dev_root})")
-        chosen += [m for m in found or () if m not in chosen]
+        if found not in chosen:
+            chosen.append(found)
     return chosen
 
 
-def _find_migs(entry: str, inventory: Inventory) -> list[Mig]:
-    if m := _MIG_INDEX.fullmatch(entry):
+def _find_mig(entry: str, inventory: Inventory) -> Mig | None:
+    if m := _MIG_IDS.fullmatch(entry):
         gpu = next((g for g in inventory.gpus if g.index == int(m.group(1))), None)
-        gi, ci = int(m.group(2)), m.group(3)
+        where = (gpu.minor, int(m.group(2)), int(m.group(3))) if gpu else None
     elif m := _MIG_LEGACY.fullmatch(entry):
         gpu = next((g for g in inventory.gpus if g.uuid.lower() == m.group(1).lower()), None)
-        gi, ci = int(m.group(2)), m.group(3)
-    else:  # MIG-<uuid>: the name NVML gives, which no file of the driver's shows
-        from mounts.nvml import mig_by_uuid
+        where = (gpu.minor, int(m.group(2)), int(m.group(3))) if gpu else None
+    else:
+        from mounts.nvml import mig_lookup
 
-        gpu, gi, ci = mig_by_uuid(inventory, entry)
-    if gpu is None:
-        return []
-    return [x for x in inventory.migs
-            if x.minor == gpu.minor and x.gi == gi and (ci is None or x.ci == int(ci))]
+        if m := _MIG_INDEX.fullmatch(entry):
+            gpu = next((g for g in inventory.gpus if g.index == int(m.group(1))), None)
+            where = mig_lookup(inventory, entry, gpu.busid, int(m.group(2))) if gpu else None
+        else:
+            where = mig_lookup(inventory, entry)
+    return next((x for x in inventory.migs if (x.minor, x.gi, x.ci) == where), None)
 
 
-def mig_nodes(request: GpuRequest, inventory: Inventory, migs: list[Mig]) -> list[tuple[str, str]]:
+def mig_nodes(request: GpuRequest, inventory: Inventory, gpus: list[Gpu], migs: list[Mig]) -> list[tuple[str, str]]:
     """(device name, /proc/driver/nvidia file) pairs the MIG devices and the
-    NVIDIA_MIG_CONFIG_DEVICES / NVIDIA_MIG_MONITOR_DEVICES capabilities need."""
+    NVIDIA_MIG_CONFIG_DEVICES / NVIDIA_MIG_MONITOR_DEVICES capabilities need. Those two are
+    the toolkit's: ``all`` only, for a container of whole GPUs (configuring MIG reshapes
+    every tenant's slices of them)."""
     out = []
     for x in migs:
         gi_file, ci_file = x.proc_files
@@ -222,13 +230,14 @@ def mig_nodes(request: GpuRequest, inventory: Inventory, migs: list[Mig]) -> lis
         if not wanted:
             continue
         name = f"NVIDIA_MIG_{what.upper()}_DEVICES"
+        if wanted != ("all",):
+            raise RequestError(f"{name}: only 'all' is supported (got {','.join(wanted)!r})")
+        if migs or not gpus:
+            raise RequestError(f"{name}: only for a container of whole GPUs "
+                               f"({'MIG devices are' if migs else 'no GPU is'} selected)")
         if what not in inventory.mig_caps:
             raise RequestError(f"{name}: the driver has no MIG {what} capability "
                                f"({inventory.dev_root}/proc/driver/nvidia/capabilities/mig/{what})")
-        for entry in wanted if wanted != ("all",) else ():
-            if _find_gpu(entry, inventory.gpus, by_minor=False) is None:
-                raise RequestError(f"{name}: unknown GPU {entry!r} ({len(inventory.gpus)} GPUs under "
-                                   f"{inventory.dev_root})")
         out.append((f"nvidia-caps/nvidia-cap{inventory.mig_caps[what]}", f"capabilities/mig/{what}"))
     return list(dict.fromkeys(out))
 
@@ -358,7 +367,7 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
                        [brand_of(g.model) for g in gpus + parents], [])
     caps = request.capabilities
     lib_caps = library_caps(caps)
-    caps_files = mig_nodes(request, inventory, migs)
+    caps_files = mig_nodes(request, inventory, gpus, migs)
 
     # Device nodes: control nodes for every GPU container, then the selected GPUs.
     names = ["nvidiactl"]

@@ -235,6 +235,8 @@ LEAN_DEFAULTS = {"start": {}, "state": {}, "kill": {"all": False, "signal": "TER
 LEAN_GLOBALS = {"--root": "root", "--log": "log", "--log-format": "log_format", "--driver-root": "driver_root",
                 "--dev-root": "dev_root", "--config": "config", "--debug": "debug",
                 "--systemd-cgroup": "systemd_cgroup"}
+# after the verb argparse takes only these of the globals (cli._globals)
+LEAN_AFTER_VERB = {k: v for k, v in LEAN_GLOBALS.items() if k in ("--root", "--driver-root", "--dev-root")}
 _TAKES_VALUE = {"root", "log", "log_format", "driver_root", "dev_root", "config", "format", "bundle", "pid_file",
                 "console_socket", "preserve_fds", "trace", "gpus", "capabilities", "id"}
 
@@ -256,13 +258,13 @@ def lean_args(argv: list[str]):
         arg, value = argv[i], None
         if arg.startswith("--") and "=" in arg:
             arg, value = arg.split("=", 1)
-        table = LEAN_GLOBALS if verb is None else {**LEAN_GLOBALS, **LEAN_FLAGS[verb]}
+        table = LEAN_GLOBALS if verb is None else {**LEAN_AFTER_VERB, **LEAN_FLAGS[verb]}
         if arg in table:
             key = table[arg]
             if key in _TAKES_VALUE:
                 if value is None:
-                    if i + 1 >= len(argv):
-                        return None
+                    if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
+                        return None  # (argparse takes no value that looks like a flag)
                     i, value = i + 1, argv[i + 1]
                 ns[key] = value
             elif value is not None:

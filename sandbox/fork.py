@@ -39,6 +39,9 @@ def spawn_gofer() -> Gofer:
     return Gofer((pid, ours, t0, warm_cgroup_lock()))
 
 
+MAX_WARM = 1.0  # seconds: the thread's whole life, whatever happens to the flag
+
+
 def warm_cgroup_lock() -> list | None:
     """Start a thread that keeps the kernel's cgroup attach lock warm until its flag is cleared.
 
@@ -49,15 +52,19 @@ def warm_cgroup_lock() -> list | None:
     the main thread imports and parses: a move to where we already are, so nothing changes,
     and the container's cgroup step finds the lock warm. It writes only once that file has
     listed our pid (a cgroup namespace or mount that does not match /proc/self/cgroup would
-    otherwise make the write a real move). Best effort: any error ends the thread, and the
-    step pays as before. (A pid no task has is refused before the lock is taken, on 6.x.)"""
+    otherwise make the write a real move), stops as soon as /proc/self/cgroup changes (never
+    undoing another's move of us) and after MAX_WARM at most. Best effort: any error ends
+    the thread, and the step pays as before. (A pid no task has is refused before the lock
+    is taken, on 6.x: it does not warm it.)"""
     flag = [True]
 
     def keep_warm() -> None:
         me = str(os.getpid())
+        deadline = time.monotonic() + MAX_WARM
         try:
             with open("/proc/self/cgroup") as f:
-                rel = next(x[3:].strip() for x in f if x.startswith("0::")).lstrip("/")
+                mine = f.read()
+            rel = next(x[3:].strip() for x in mine.splitlines() if x.startswith("0::")).lstrip("/")
             target = next(p for p in (os.path.join("/sys/fs/cgroup/unified", rel, "cgroup.procs"),
                                       os.path.join("/sys/fs/cgroup", rel, "cgroup.procs")) if os.path.exists(p))
             with open(target) as f:
@@ -65,7 +72,10 @@ def warm_cgroup_lock() -> list | None:
                     return
             fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
             try:
-                while flag[0]:
+                while flag[0] and time.monotonic() < deadline:
+                    with open("/proc/self/cgroup") as f:  # moved by someone else: never move back
+                        if f.read() != mine:
+                            return
                     os.write(fd, me.encode())
                     time.sleep(0.002)
             finally:

@@ -123,8 +123,10 @@ def test_lib64_layout(make_bundle, inventory, rootfs_lib64):
 
 @pytest.mark.parametrize("env,message", [
     (["NVIDIA_VISIBLE_DEVICES=7"], "NVIDIA_VISIBLE_DEVICES: unknown device '7'"),
-    (["NVIDIA_VISIBLE_DEVICES=MIG-1234"], "MIG-1234: cannot look the MIG device up: NVML .*: Driver Not Loaded"),
-    (["NVIDIA_VISIBLE_DEVICES=1:1"], r"unknown MIG device '1:1' \(3 MIG devices under "),
+    (["NVIDIA_VISIBLE_DEVICES=MIG-1234"], r"^MIG-1234: which MIG device this is only NVML knows, and NVML is "
+     r"asked only of the host's own driver \(--driver-root /\); name it as GPU:GI:CI"),
+    (["NVIDIA_VISIBLE_DEVICES=0:1"], r"^0:1: which MIG device this is only NVML knows"),  # cli's GPU:index
+    (["NVIDIA_VISIBLE_DEVICES=1:1:0"], r"unknown MIG device '1:1:0' \(3 MIG devices under "),
     (["NVIDIA_VISIBLE_DEVICES=0:1:1"], "unknown MIG device '0:1:1'"),
     ([f"NVIDIA_VISIBLE_DEVICES=MIG-{GPU0}/3/0"], "unknown MIG device 'MIG-GPU-"),
     (["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"],

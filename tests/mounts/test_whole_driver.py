@@ -111,9 +111,9 @@ def test_a_dri_link_to_elsewhere_is_an_error(tmp_path, driver_root):
 
 @pytest.mark.parametrize("entry,caps", [
     ("0:1:0", [12, 13]),
-    ("0:1", [12, 13]),  # GI 1's only compute instance
-    ("0:2", [21, 22, 23]),  # both of GI 2's
+    ("0:2:1", [21, 23]),
     (f"MIG-{GPU0}/2/1", [21, 23]),
+    ("0:2:0,0:2:1", [21, 22, 23]),  # both of GI 2's compute instances
     (f"0:1:0,MIG-{GPU0}/1/0", [12, 13]),  # the same device twice: once
 ])
 def test_mig_devices_get_their_caps_nodes_parent_and_proc_files(entry, caps, make_bundle, inventory):
@@ -150,17 +150,24 @@ def test_all_means_whole_gpus_never_mig_or_its_privileged_caps(make_bundle, inve
             parse_capabilities(name)
 
 
-def test_mig_config_and_monitor_are_for_privileged_containers(make_bundle, inventory):
+def test_mig_config_and_monitor_are_for_privileged_containers_of_whole_gpus(make_bundle, inventory):
+    """The toolkit's rules: CAP_SYS_ADMIN, the value 'all', and whole GPUs (configuring MIG
+    reshapes every tenant's slices: never next to one slice)."""
     env = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_MIG_CONFIG_DEVICES=all"]
     with pytest.raises(RequestError, match=r"^NVIDIA_MIG_CONFIG_DEVICES: only a privileged container"):
         plan_for(make_bundle, inventory, env)
-    plan = plan_for(make_bundle, inventory, env + ["NVIDIA_MIG_MONITOR_DEVICES=0"], caps_add=["CAP_SYS_ADMIN"])
+    plan = plan_for(make_bundle, inventory, env + ["NVIDIA_MIG_MONITOR_DEVICES=all"], caps_add=["CAP_SYS_ADMIN"])
     caps = [t for t in targets(plan, "device") if "nvidia-caps" in t]
     assert caps == ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"]  # config, monitor
     (proc,) = [a for a in plan.actions if a.kind == "procfs"]
     assert proc.files == ("capabilities/mig/config", "capabilities/mig/monitor")
-    with pytest.raises(RequestError, match=r"^NVIDIA_MIG_MONITOR_DEVICES: unknown GPU '5' \(2 GPUs under "):
-        plan_for(make_bundle, inventory, env + ["NVIDIA_MIG_MONITOR_DEVICES=5"], caps_add=["CAP_SYS_ADMIN"])
+    for extra, message in ((["NVIDIA_MIG_MONITOR_DEVICES=0"], r"MONITOR_DEVICES: only 'all' is supported \(got '0'\)"),
+                           (["NVIDIA_VISIBLE_DEVICES=0:1:0"], r"CONFIG_DEVICES: only for a container of whole GPUs "
+                                                              r"\(MIG devices are selected\)"),
+                           (["NVIDIA_VISIBLE_DEVICES=none"], r"CONFIG_DEVICES: only for a container of whole GPUs "
+                                                             r"\(no GPU is selected\)")):
+        with pytest.raises(RequestError, match=message):
+            plan_for(make_bundle, inventory, env + extra, caps_add=["CAP_SYS_ADMIN"])
 
 
 def test_a_missing_caps_node_and_a_bad_access_file_are_one_line(tmp_path):
@@ -294,3 +301,40 @@ def test_a_loader_file_naming_a_host_path_is_made_the_containers(tmp_path, make_
     assert configs["/etc/OpenCL/vendors/nvidia.icd"] == f"{lib}/libnvidia-opencl.so.1\n"
     assert configs["/usr/share/glvnd/egl_vendor.d/10_nvidia.json"] is None  # Debian's: as it is
     assert configs["/usr/share/nvidia/nvoptix.bin"] is None
+
+
+@pytest.mark.parametrize("location,message", [
+    ("zz:3b:00.0", r"'Bus Location: zz:3b:00.0' is not its directory's bus id 0000:10:00.0$"),
+    ("0000:10:00.0/../../../../etc", r"is not its directory's bus id 0000:10:00.0$"),
+])
+def test_a_bus_location_that_is_not_its_directorys_is_one_line(location, message, tmp_path):
+    """The bus id becomes a path (the GPU's /proc directory bound into the container, its DRI
+    links): only a PCI bus id, the one its directory is named by."""
+    root = tmp_path / "driver"
+    subprocess.run(["cp", "-a", str(fixtures.synthetic_driver(10)), str(root)], check=True)
+    info = root / "proc/driver/nvidia/gpus/0000:10:00.0/information"
+    info.write_text(re.sub(r"Bus Location:.*", f"Bus Location: \t {location}", info.read_text()))
+    with pytest.raises(DriverError, match=message):
+        discover(str(root))
+    info.write_text(re.sub(r"Bus Location:.*", "Bus Location: \t 0000:10:00.0", info.read_text()))
+    (root / "proc/driver/nvidia/gpus/0000:10:00.0").rename(root / "proc/driver/nvidia/gpus/not-a-bus")
+    with pytest.raises(DriverError, match=r"gpus/not-a-bus: not a PCI bus id"):
+        discover(str(root))
+
+
+def test_a_mig_directory_link_is_resolved_inside_the_dev_root(tmp_path):
+    """gi1 is an absolute link: read inside the root it leads to ci1; the host's directory of
+    that name (ci0) is never listed."""
+    root = tmp_path / "driver"
+    subprocess.run(["cp", "-a", str(fixtures.synthetic_driver(10)), str(root)], check=True)
+    mig = root / "proc/driver/nvidia/capabilities/gpu0/mig"
+    mig.mkdir(parents=True)
+    target = tmp_path / "elsewhere"
+    inside = root / str(target).lstrip("/")
+    (inside / "ci1").mkdir(parents=True)
+    (inside / "access").write_text("DeviceFileMinor: 12\n")
+    (inside / "ci1/access").write_text("DeviceFileMinor: 14\n")
+    (target / "ci0").mkdir(parents=True)  # the host's, at the link's own path
+    (target / "ci0/access").write_text("DeviceFileMinor: 13\n")
+    (mig / "gi1").symlink_to(target)
+    assert [(m.gi, m.ci, m.ci_cap) for m in discover(str(root)).migs] == [(1, 1, 14)]
