@@ -12,6 +12,7 @@ from gofer.root import O_PATH_DIR, Root
 from mounts import actions as A
 from mounts import ldcache
 from mounts.errors import LdCacheError, MountError
+from mounts.paths import opened_at
 
 _EXPECT = {  # what each kind's source must be, checked on the opened fd (no TOCTOU)
     "library": (stat.S_ISREG, "a regular file"),
@@ -34,6 +35,8 @@ def open_source(action: A.Action) -> tuple[int, os.stat_result]:
     problem = None
     if not test(st.st_mode):
         problem = f"is not {want}"
+    elif not opened_at(fd, action.source, sc.PROC):
+        problem = "changed since it was planned (a directory on the way became a link)"
     elif isinstance(action, A.Device) and (os.major(st.st_rdev), os.minor(st.st_rdev)) != (action.major, action.minor):
         problem = (f"is char {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}, "
                    f"expected {action.major}:{action.minor}")
@@ -52,7 +55,7 @@ def apply(root: Root, action: A.AnyAction) -> None:
         case A.ProcFs():
             proc_driver(root, action)
         case A.Config(data=str()):
-            bind_content(root, action.target.replace("/", "_"), action.data.encode(), action.target, action.flags)
+            bind_content(root, action.data.encode(), action.target, action.flags)
         case _:
             src, st = open_source(action)
             try:
@@ -86,11 +89,14 @@ def write_ldcache(root: Root, action: A.LdCache) -> None:
         pass
     if data is None:
         data = ldcache.build(list(action.entries))
-    bind_content(root, "ld.so.cache", data, action.target, action.flags)
+    bind_content(root, data, action.target, action.flags)
 
 
-def bind_content(root: Root, name: str, data: bytes, target: str, flags: tuple[str, ...]) -> None:
-    """A new file ``name`` of ``data`` in the private scratch tmpfs, bound over ``target``."""
+def bind_content(root: Root, data: bytes, target: str, flags: tuple[str, ...]) -> None:
+    """A new file of ``data`` in the private scratch tmpfs (named by a count: never by the
+    target), bound over ``target``."""
+    root.scratch_files += 1
+    name = f"file{root.scratch_files}"
     s = root.scratch()
     fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=s)
     with os.fdopen(fd, "wb") as f:
@@ -118,6 +124,9 @@ def proc_driver(root: Root, action: A.ProcFs) -> None:
     # (a real procfs has none there): a dev root's symlink must not lead to a host file.
     base = os.open(action.source, O_PATH_DIR | os.O_NOFOLLOW)
     try:
+        if not opened_at(base, action.source, sc.PROC):
+            raise MountError(action.target, f"source {action.source} changed since it was planned "
+                                            "(a directory on the way became a link)")
         _proc_tmpfs(root, action, base)
     finally:
         os.close(base)

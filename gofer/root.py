@@ -85,6 +85,7 @@ class Root:
         self.writable_devs: set[int] = set()  # filesystems we may add entries to
         self.overlays: dict[tuple[int, int], int] = {}  # lower dir (dev, ino) -> overlay root fd
         self._scratch: int | None = None
+        self.scratch_files = 0  # files written into the scratch tmpfs (gofer/gpu.py bind_content)
         self._dirs: dict[str, int] = {}  # resolved directories by path, owned here
         self.created = 0  # entries created (mount points, dirs, links): for the trace
 

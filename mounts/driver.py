@@ -15,7 +15,7 @@ import msgspec
 
 from mounts import ldcache
 from mounts.errors import DriverError, LdCacheError
-from mounts.paths import LinkLoop, Resolver, file_kind, resolve_in_root
+from mounts.paths import LinkLoop, Resolver, file_kind, opened_at, resolve_in_root
 
 NVIDIA_MAJOR = 195
 CTL_MINOR, MODESET_MINOR = 255, 254
@@ -127,6 +127,8 @@ def read_file(root: str, rel: str, limit: int = MAX_TEXT) -> tuple[str, bytes] |
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise DriverError(f"{path}: expected a regular file, found {file_kind(mode)}")
+        if not opened_at(fd, path):
+            raise DriverError(f"{path}: changed while being opened (a directory on the way became a link)")
         data = _read_all(fd, limit + 1)
     finally:
         os.close(fd)
@@ -400,8 +402,9 @@ def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
     (``dev/`` nodes, ``proc/devices``, ``proc/driver/nvidia``) is read under ``dev_root``,
     by default the same root; a driver container mounted at /run/nvidia/driver keeps its
     user-space files there while the nodes and /proc stay the host's (``dev_root="/"``)."""
-    root = os.path.abspath(root)
-    dev_root = os.path.abspath(dev_root) if dev_root else root
+    # real paths: every source is then the path the kernel names what it opens by (opened_at)
+    root = os.path.realpath(root)
+    dev_root = os.path.realpath(dev_root) if dev_root else root
     for path, what in ((root, "driver root"), (dev_root, "device root")):
         if not os.path.isdir(path):
             raise DriverError(f"{path}: {what} is not a directory")

@@ -155,8 +155,17 @@ def build(entries: list[Entry]) -> bytes:
     return header + b"".join(packed) + bytes(strings)
 
 
+def unique(added: list[Entry]) -> list[Entry]:
+    """Ours, each (key, flags) once: the first, which the loader would take."""
+    seen: dict[tuple[str, int], Entry] = {}
+    for e in added:
+        seen.setdefault((e.key, e.flags), e)
+    return list(seen.values())
+
+
 def merge(base: list[Entry], added: list[Entry]) -> list[Entry]:
     """The image's own entries plus ours; ours replace any image entry with the same key and flags."""
+    added = unique(added)
     ours = {(e.key, e.flags) for e in added}
     return [e for e in base if (e.key, e.flags) not in ours and not e.hwcap & HWCAP_EXTENSION] + added
 
@@ -200,7 +209,7 @@ def extend(data: bytes, added: list[Entry], path: str = "ld.so.cache") -> bytes:
         return keys[r[1]], r[0]
 
     items: list = rows
-    for e in sort_entries(list(added)):
+    for e in sort_entries(unique(added)):
         want = (libcmp_key(e.key), e.flags)
         lo, hi = 0, len(items)
         while lo < hi:  # first item not greater than ours, in descending order

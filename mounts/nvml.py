@@ -12,6 +12,7 @@ TIMEOUT seconds. Everything else stays file-based.
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 
@@ -54,6 +55,7 @@ def mig_lookup(inventory: Inventory, entry: str, busid: str | None = None, index
         os.write(w, answer.encode(errors="replace")[:4000] + b"\n")
         os._exit(code)
     os.close(w)
+    data = None
     try:
         ready, _, _ = select.select([r], [], [], TIMEOUT)
         data = os.read(r, 4096).decode(errors="replace").strip() if ready else None
@@ -61,13 +63,16 @@ def mig_lookup(inventory: Inventory, entry: str, busid: str | None = None, index
         os.close(r)
         if data is None:
             os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if data is None:
         raise RequestError(f"{entry}: NVML ({path}) did not answer within {TIMEOUT:.0f} s")
     if data.startswith("error "):
         raise RequestError(f"{entry}: cannot look the MIG device up: NVML ({path}): {data[6:]}")
     if data == "none":
         return None
+    if not re.fullmatch(r"[0-9]{1,9} [0-9]{1,9} [0-9]{1,9}", data):  # it died (a signal), or said nonsense
+        raise RequestError(f"{entry}: cannot look the MIG device up: NVML ({path}) gave no answer "
+                           f"(exit status {status})")
     minor, gi, ci = (int(x) for x in data.split())
     return minor, gi, ci
 

@@ -23,6 +23,19 @@ def file_kind(mode: int) -> str:
     return "a special file"
 
 
+def opened_at(fd: int, path: str, proc: int | None = None) -> bool:
+    """Whether the file ``fd`` is the one at ``path`` as the kernel names it: a path resolved
+    in userspace and then opened can have had a directory on the way swapped for a link in
+    between (the kernel then names where the open really went). ``proc``: an fd of the
+    procfs to ask (the host's, where /proc may be the container's by now)."""
+    try:
+        if proc is None:
+            return os.readlink(f"/proc/self/fd/{fd}") == path
+        return os.readlink(f"self/fd/{fd}", dir_fd=proc) == path
+    except OSError:
+        return False
+
+
 class LinkLoop(Exception):
     """Resolving a path met more than MAX_LINKS symlinks (a loop)."""
 

@@ -17,7 +17,7 @@ import msgspec
 from mounts import actions as A
 from mounts.driver import DriverLib, Gpu, Inventory, Mig, dri_link
 from mounts.elf import read_elf
-from mounts.errors import RequestError
+from mounts.errors import DriverError, RequestError
 from mounts.ldcache import FLAG_REQUIRED_MASK, Entry
 from mounts.paths import exists_in_root, resolve_in_root
 from mounts.request import GpuRequest, brand_of, check_requirements
@@ -66,6 +66,7 @@ XORG_MODULES = (
 )
 CUDA_COMPAT = "/usr/local/cuda/compat"  # where CUDA images keep the forward-compatible driver
 EGL_PLATFORMS = ("/usr/share/egl/egl_external_platform.d", "/etc/egl/egl_external_platform.d")
+_PLATFORM_FILE = re.compile(r"[A-Za-z0-9_.+-]{0,100}nvidia[A-Za-z0-9_.+-]{0,100}\.json")  # (never a "::")
 # Extra links nvidia-container-cli creates: (capability, link name, what it points to)
 EXTRA_LINKS = (
     ("compute", "libcuda.so", "libcuda.so.1"),
@@ -285,24 +286,29 @@ def config_files(inventory: Inventory, caps: frozenset[str]) -> list[str]:
             host = inventory.host(d)
             if host is not None and os.path.isdir(host):
                 out += [f"{d}/{n}" for n in sorted(os.listdir(host))
-                        if "nvidia" in n and n.endswith(".json") and _is_file(inventory.host(f"{d}/{n}"))]
+                        if _PLATFORM_FILE.fullmatch(n) and _is_file(inventory.host(f"{d}/{n}"))]
     return out
 
 
-def loader_file(host: str, made: dict[str, int]) -> str | None:
+MAX_LOADER_FILE = 64 << 10  # an ICD file is a few hundred bytes; a CDI hook's argument is at most 128 KiB
+
+
+def loader_file(inventory: Inventory, target: str, made: dict[str, int]) -> str | None:
     """A loader's file that names its library by a host path (an ICD or layer JSON's
     ``library_path``, an OpenCL .icd line), as the container needs it: that path replaced by
-    where the plan puts the library (``made``: container paths of libraries and links), else
-    by its file name for the container's ld.so.cache to resolve. None when it names its
-    libraries by name only, as Debian's do: the file is bound as it is."""
+    where the plan puts the 64-bit library of that name (``made``: container paths of
+    libraries and links, with their cache flags), else by its file name for the container's
+    ld.so.cache to resolve. None when it names its libraries by name only, as Debian's do
+    (the file is bound as it is), or is no JSON we can read (bound as it is: the loader
+    judges it). Read inside the driver root, as every driver file is."""
     from mounts.driver import read_file
 
-    if not host.endswith((".json", ".icd")):
+    if not target.endswith((".json", ".icd")):
         return None
-    found = read_file("/", host.lstrip("/"))
+    found = read_file(inventory.root, target.lstrip("/"))
     if found is None:
         return None
-    by_name = {os.path.basename(p): p for p in made}
+    by_name = {os.path.basename(p): p for p, flags in made.items() if flags & FLAG_REQUIRED_MASK}
 
     def fix(path):
         if not isinstance(path, str) or not path.startswith("/"):
@@ -311,22 +317,30 @@ def loader_file(host: str, made: dict[str, int]) -> str | None:
         return by_name.get(name, name)
 
     text = found[1].decode("utf-8", "replace")
-    if host.endswith(".icd"):
-        lines = text.splitlines()
-        fixed = [fix(line.strip()) for line in lines]
-        return "\n".join(fixed) + "\n" if fixed != [line.strip() for line in lines] else None
+    if target.endswith(".icd"):
+        lines = [line.strip() for line in text.splitlines()]
+        fixed = [fix(line) for line in lines]
+        data = "\n".join(fixed) + "\n" if fixed != lines else None
+    else:
+        data = _fix_json(text, fix)
+    if data is not None and len(data) > MAX_LOADER_FILE:
+        raise DriverError(f"{found[0]}: {len(data)} bytes, too large for a loader's file")
+    return data
+
+
+def _fix_json(text: str, fix) -> str | None:
     try:
         doc = msgspec.json.decode(text)
-    except msgspec.DecodeError:
-        return None  # not ours to repair: bound as it is, the loader judges it
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    entries = []
+    for key in ("ICD", "layer", "layers"):
+        part = doc.get(key)
+        entries += part if isinstance(part, list) else [part]
     changed = False
-    for key in ("ICD", "layer"):
-        part = doc.get(key) if isinstance(doc, dict) else None
-        for entry in (part if isinstance(part, list) else [part]):
-            if isinstance(entry, dict) and fix(entry.get("library_path")) != entry.get("library_path"):
-                entry["library_path"] = fix(entry["library_path"])
-                changed = True
-    for entry in (doc.get("layers") or []) if isinstance(doc, dict) else []:
+    for entry in entries:
         if isinstance(entry, dict) and fix(entry.get("library_path")) != entry.get("library_path"):
             entry["library_path"] = fix(entry["library_path"])
             changed = True
@@ -419,7 +433,8 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
 
     for target in config_files(inventory, lib_caps):
         host = inventory.host(target)
-        yield A.Config(host, target, A.RO_LIB, loader_file(host, made))
+        if host is not None:
+            yield A.Config(host, target, A.RO_LIB, loader_file(inventory, target, made))
     if "display" in caps:
         for target, debian in XORG_MODULES:
             target, debian = target.format(version=inventory.version), debian.format(version=inventory.version)

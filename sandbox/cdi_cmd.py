@@ -75,10 +75,14 @@ def hook(args) -> int:
         if not sep or not os.path.isabs(target) or not content or os.path.isabs(content):
             raise BundleError(f"--link {link!r}: expected RELATIVE-CONTENT::/ABSOLUTE/PATH")
         actions.append(A.Symlink(content, target))
+    files: dict[str, str] = {}
     for item in args.file:
         target, sep, content = item.partition("::")
         if not sep or not os.path.isabs(target):
             raise BundleError(f"--file {item[:80]!r}: expected /ABSOLUTE/PATH::CONTENT")
+        if os.path.normpath(target) in files:
+            raise BundleError(f"--file {target[:80]!r}: given twice")
+        files[os.path.normpath(target)] = content
         actions.append(A.Config("", target, A.RO_LIB, content))
     entries = []
     for item in args.cache_entry:
@@ -86,9 +90,12 @@ def hook(args) -> int:
         if len(parts) != 3 or not os.path.isabs(parts[1]):
             raise BundleError(f"--cache-entry {item!r}: expected KEY::/ABSOLUTE/PATH::FLAGS")
         try:
-            entries.append(Entry(parts[0], parts[1], int(parts[2], 0)))
+            flags = int(parts[2], 0)
         except ValueError:
             raise BundleError(f"--cache-entry {item!r}: FLAGS is not a number") from None
+        if not -(1 << 31) <= flags < 1 << 31:  # an int32 in the cache's entries
+            raise BundleError(f"--cache-entry {item!r}: FLAGS is out of range")
+        entries.append(Entry(parts[0], parts[1], flags))
     if entries:
         actions.append(A.LdCache("", "/etc/ld.so.cache", A.RO_LIB, tuple(entries)))
     _in_the_containers_mount_namespace()

@@ -39,7 +39,8 @@ def smoke_rootfs(work: Path) -> Path:
     """fixtures.rootfs() plus cudasmoke, built here (the host's gcc and glibc)."""
     root = work / "rootfs"
     shutil.copytree(fixtures.rootfs("debian"), root, symlinks=True)
-    subprocess.run(["gcc", "-O1", "-o", root / "usr/bin/cudasmoke", REPO / "scripts/cudasmoke.c", "-ldl"], check=True)
+    subprocess.run(["gcc", "-O1", "-o", root / "usr/bin/cudasmoke", REPO / "scripts/cudasmoke.c", "-ldl"], check=True,
+                   timeout=120)
     return root
 
 
@@ -59,7 +60,7 @@ def start_ms(bundle: Path, driver_root: str, state: Path, n: int) -> float:
     for i in range(n):
         t = time.perf_counter()
         subprocess.run([*SANDBOX, "run", "--root", str(state), "--driver-root", driver_root, "--id", f"t{i}", str(bundle)],
-                       check=True, capture_output=True)
+                       check=True, capture_output=True, timeout=60)
         times.append((time.perf_counter() - t) * 1000)
     return statistics.median(times)
 
@@ -78,32 +79,46 @@ def main() -> int:
           + " ".join(f"{g.index}:{g.busid}:{g.model}" for g in inventory.gpus))
     work = Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
     try:
-        rootfs = smoke_rootfs(work)
-        program = "cudasmoke; echo cudasmoke exit $?; nvidia-smi -L; echo nvidia-smi exit $?"
-        ok = True
-        run_bundle = container(work, rootfs, "run", program)
-        r = subprocess.run([*SANDBOX, "run", "--root", str(work / "state"), "--driver-root", args.driver_root,
-                            "--id", "smoke", str(run_bundle)], capture_output=True, text=True, timeout=300)
-        ok &= report("sandbox run", r) and "cudasmoke exit 0" in r.stdout and "nvidia-smi exit 0" in r.stdout
-        if shutil.which("runc"):
-            hook_bundle = container(work, rootfs, "hook", program)
-            subprocess.run([*SANDBOX, "hook", "install", str(hook_bundle), "--driver-root", args.driver_root],
-                           check=True, capture_output=True)
-            r = subprocess.run(["runc", "--root", str(work / "runc"), "run", "--bundle", str(hook_bundle), "smoke"],
-                               capture_output=True, text=True, timeout=300)
-            ok &= report("runc + hook", r) and "cudasmoke exit 0" in r.stdout
-        else:
-            print("runc + hook: skipped (no runc on PATH)")
-        true_bundle = container(work, rootfs, "true", "true")
-        here = start_ms(true_bundle, args.driver_root, work / "t1", args.n)
-        fixture = start_ms(true_bundle, str(fixtures.driver_535()), work / "t2", args.n)
-        print(f"start (sandbox run, GPU container, /bin/true, median of {args.n}): {here:.1f} ms on "
-              f"{inventory.root}, {fixture:.1f} ms on the fixture ({here / fixture:.2f}x)")
-        print("gpu-smoke: " + ("every check passed" if ok else "FAILED"))
-        return 0 if ok else 1
+        return _checks(args, inventory, work)
+    except (subprocess.SubprocessError, OSError) as e:  # a hang or a failed step: one line
+        print(f"gpu-smoke: {e}")
+        return 1
     finally:
+        if shutil.which("runc"):  # a runc container left by a timeout
+            subprocess.run(["runc", "--root", str(work / "runc"), "delete", "--force", "smoke"], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
 
+
+def _checks(args, inventory, work: Path) -> int:
+    rootfs = smoke_rootfs(work)
+    program = "cudasmoke; echo cudasmoke exit $?; nvidia-smi -L; echo nvidia-smi exit $?"
+    ok = True
+    run_bundle = container(work, rootfs, "run", program)
+    r = subprocess.run([*SANDBOX, "run", "--root", str(work / "state"), "--driver-root", args.driver_root,
+                        "--id", "smoke", str(run_bundle)], capture_output=True, text=True, timeout=300)
+    ok &= report("sandbox run", r) and "cudasmoke exit 0" in r.stdout and "nvidia-smi exit 0" in r.stdout
+    if shutil.which("runc"):
+        hook_bundle = container(work, rootfs, "hook", program)
+        subprocess.run([*SANDBOX, "hook", "install", str(hook_bundle), "--driver-root", args.driver_root],
+                       check=True, capture_output=True)
+        r = subprocess.run(["runc", "--root", str(work / "runc"), "run", "--bundle", str(hook_bundle), "smoke"],
+                           capture_output=True, text=True, timeout=300)
+        ok &= report("runc + hook", r) and "cudasmoke exit 0" in r.stdout
+    else:
+        print("runc + hook: skipped (no runc on PATH)")
+    true_bundle = container(work, rootfs, "true", "true")
+    here = start_ms(true_bundle, args.driver_root, work / "t1", args.n)
+    try:
+        fixture_root = str(fixtures.driver_535())  # Debian's packages: needs its archive
+    except (SystemExit, subprocess.SubprocessError, OSError) as e:
+        print(f"start (sandbox run, GPU container, /bin/true, median of {args.n}): {here:.1f} ms on "
+              f"{inventory.root}; the fixture driver could not be built here ({e})")
+    else:
+        fixture = start_ms(true_bundle, fixture_root, work / "t2", args.n)
+        print(f"start (sandbox run, GPU container, /bin/true, median of {args.n}): {here:.1f} ms on "
+              f"{inventory.root}, {fixture:.1f} ms on the fixture ({here / fixture:.2f}x)")
+    print("gpu-smoke: " + ("every check passed" if ok else "FAILED"))
+    return 0 if ok else 1
 
 if __name__ == "__main__":
     sys.exit(main())

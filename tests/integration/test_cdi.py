@@ -226,3 +226,13 @@ def test_the_cdi_hook_writes_a_loader_file_as_given(make_bundle, tmp_path, rootf
     lines = r.stdout.splitlines()
     assert lines[0] == content and "Read-only file system" in lines[1], r.stdout
     assert (mount_table(), tree(rootfs_debian)) == before
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--file", "/etc/a.json::x", "--file", "/etc//a.json::y"], "--file '/etc//a.json': given twice"),
+    (["--cache-entry", "libx.so.1::/usr/lib/libx.so.1::0x1ffffffff"], "FLAGS is out of range"),
+])
+def test_cdi_hook_arguments_are_checked_in_one_line(args, message):
+    r = subprocess.run([*CLI, "cdi", "hook", *args], input='{"id":"x","pid":1,"bundle":"/"}',
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr

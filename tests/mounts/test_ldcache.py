@@ -197,7 +197,7 @@ def test_extend_equals_a_full_merge(base, added):
     """The fast path (binary search into the image's sorted entries, its string table reused)
     gives exactly what parsing, merging, sorting and building everything gives."""
     base_entries = list({(k, f): ldcache.Entry(k, f"/img/{k}", f) for k, f in base}.values())
-    ours = list({(k, f): ldcache.Entry(k, f"/ours/{k}", f) for k, f in added}.values())
+    ours = [ldcache.Entry(k, f"/ours/{k}/{i}", f) for i, (k, f) in enumerate(added)]  # repeats: the first wins
     image = ldcache.build(base_entries)
     fast = ldcache.parse(ldcache.extend(image, ours))
     slow = ldcache.parse(ldcache.build(ldcache.merge(ldcache.parse(image), ours)))

@@ -338,3 +338,56 @@ def test_a_mig_directory_link_is_resolved_inside_the_dev_root(tmp_path):
     (target / "ci0/access").write_text("DeviceFileMinor: 13\n")
     (mig / "gi1").symlink_to(target)
     assert [(m.gi, m.ci, m.ci_cap) for m in discover(str(root)).migs] == [(1, 1, 14)]
+
+
+def _driver_copy(tmp_path, driver_root):
+    user = tmp_path / "driver"
+    user.mkdir()
+    for d in ("etc", "usr", "lib", "proc", "dev"):  # hard links: files are replaced, never written through
+        subprocess.run(["cp", "-al", str(driver_root / d), str(user / d)], check=True)
+    return user
+
+
+def _replace(path, data: bytes):
+    path.unlink()
+    path.write_bytes(data)
+
+
+def test_loader_files_we_cannot_read_are_bound_as_they_are_and_huge_ones_refused(tmp_path, driver_root):
+    from mounts.ldcache import FLAGS_I386, FLAGS_X86_64
+    from mounts.plan import loader_file
+
+    user = _driver_copy(tmp_path, driver_root)
+    inv = discover(str(user))
+    icd = user / "usr/share/vulkan/icd.d/nvidia_icd.json"
+    target = "/usr/share/vulkan/icd.d/nvidia_icd.json"
+    for bad in (b"[" * 5000 + b"]" * 5000, b'{"layers": 5, "ICD": true}', b"not json"):
+        _replace(icd, bad)
+        assert loader_file(inv, target, {}) is None
+    # with compat32 the 64-bit library is the one a 64-bit loader's file names
+    _replace(icd, b'{"ICD": {"library_path": "/usr/lib64/libGLX_nvidia.so.0"}}')
+    for order in (1, -1):
+        made = dict(list({"/usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.0": FLAGS_X86_64,
+                          "/usr/lib/i386-linux-gnu/libGLX_nvidia.so.0": FLAGS_I386}.items())[::order])
+        assert "/usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.0" in loader_file(inv, target, made)
+    _replace(icd, b'{"ICD": {"library_path": "/x/libGLX_nvidia.so.0", "pad": "' + b"x" * 70000 + b'"}}')
+    with pytest.raises(DriverError, match=r"nvidia_icd.json: \d+ bytes, too large for a loader's file$"):
+        loader_file(inv, target, {})
+    # a link out of the driver root is read inside it (here: nothing there), never on the host
+    icd.unlink()
+    icd.symlink_to("/etc/passwd")
+    with pytest.raises(DriverError, match="a symlink that leads to no file inside the driver root$"):
+        loader_file(inv, target, {})
+
+
+def test_opened_at_names_where_an_open_really_went(tmp_path):
+    from mounts.paths import opened_at
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real/f").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    fd = os.open(tmp_path / "link/f", os.O_RDONLY)
+    try:
+        assert not opened_at(fd, str(tmp_path / "link/f")) and opened_at(fd, str(tmp_path / "real/f"))
+    finally:
+        os.close(fd)
