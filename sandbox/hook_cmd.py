@@ -124,6 +124,10 @@ def install(args) -> int:
     if args.server:
         hook_args += ["--server", os.path.abspath(args.server)]
     entry = {"path": sys.executable, "args": hook_args, "env": HOOK_ENV}
+    client = os.path.join(os.path.dirname(sys.executable), "sandbox-hook")  # (scripts/setup builds it)
+    if not args.trace and os.access(client, os.X_OK):
+        # the warm server's client in C: no Python starts unless the server is of no use
+        entry = {"path": client, "args": ["sandbox-hook", *hook_args], "env": HOOK_ENV}
     hooks = spec.setdefault("hooks", {})
     for stage in ("prestart", "createRuntime"):
         hooks[stage] = [h for h in hooks.get(stage, []) if not any(MARK in a for a in h.get("args", []))]

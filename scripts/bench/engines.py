@@ -41,6 +41,12 @@ def timed(cmd: list[str], **kw) -> float:
     return dt
 
 
+# A pause before each container: back to back, one's first cgroup.procs write finds the
+# kernel's attach lock warm from the previous one's (an RCU grace period, 10-14 ms here, saved
+# or not: cross-talk between the variants); after it each finds it cold.
+COOL = 0.1
+
+
 def bench_engine(name: str, work: Path) -> None:
     eng = engines.ENGINES[name](work / name, fixtures.driver_535())
     eng.start(fixtures.image_archive())
@@ -51,6 +57,7 @@ def bench_engine(name: str, work: Path) -> None:
     try:
         for i in range(N + 1):  # the first round warms caches and is dropped
             for v, kw in variants.items():
+                time.sleep(COOL)
                 dt = timed(eng.run(f"b{i}{v.replace('+', '')}", "true", **kw))
                 if i:
                     times[v].append(dt)
@@ -71,6 +78,7 @@ def bench_verbs(work: Path) -> None:
     times = {(r, v): [] for r in runtimes for v in verbs}
     for i in range(N + 1):
         for r, base in runtimes.items():
+            time.sleep(COOL)
             cid = f"v{i}"
             steps = {"create": [*base, "create", "--bundle", str(bundle), cid], "start": [*base, "start", cid],
                      "state": [*base, "state", cid], "kill": [*base, "kill", cid, "KILL"],

@@ -39,6 +39,13 @@ PY = str(REPO / ".venv/bin/python")
 SANDBOX = [PY, "-m", "sandbox.cli"]
 
 
+# A pause before each timed run: back to back, a run's first cgroup.procs write finds the
+# kernel's attach lock warm from the previous run's (an RCU grace period, 10-14 ms here, saved
+# or not by whatever ran just before: cross-talk between the variants). After the pause
+# every run finds it cold, as on a node that starts a container now and then.
+COOL = 0.1
+
+
 def timed(cmd: list[str], **kw) -> float:
     t = time.perf_counter()
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
@@ -169,6 +176,7 @@ def _bench(n: int, driver: Path, work: Path) -> int:
         fn(-1)
     for i in range(n):
         for name, fn in variants.items():
+            time.sleep(COOL)
             results[name].append(fn(i))
         out = subprocess.run([str(raw)], input=binds, capture_output=True, text=True, check=True).stdout
         raw_ms.append(int(out) / 1e6)

@@ -72,7 +72,9 @@ def test_install_is_idempotent_and_keeps_other_hooks(make_bundle, driver_root):
     assert "createRuntime" not in hooks
     assert [h["path"] for h in hooks["prestart"]] == ["/bin/true", hooks["prestart"][1]["path"]]
     ours = hooks["prestart"][1]["args"]
-    assert ours[1:4] == ["-I", "-S", "-c"] and "from sandbox.cli import run" in ours[4] and ours[5] == "hook"
+    # the C client (scripts/setup builds it) with the Python hook it falls back to
+    assert hooks["prestart"][1]["path"].endswith("/sandbox-hook") and ours[0] == "sandbox-hook"
+    assert ours[2:5] == ["-I", "-S", "-c"] and "from sandbox.cli import run" in ours[5] and ours[6] == "hook"
 
 
 def test_no_gpu_bundle_touches_nothing(make_bundle, driver_root, tmp_path):

@@ -1,0 +1,111 @@
+"""sandbox/hook_client.c, the C client of the warm hook server, against stand-in servers: the
+request it sends, the answer it relays, and the Python hook it falls back to (here a shell
+standing in for it) with the state on stdin again."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+SOURCE = Path(__file__).resolve().parents[2] / "sandbox/hook_client.c"
+STATE = '{"ociVersion": "1.0.2", "id": "c\\u00e9", "pid": 1, "bundle": "/b"}'
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    out = tmp_path_factory.mktemp("client") / "sandbox-hook"
+    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-o", str(out), str(SOURCE)], check=True)
+    return str(out)
+
+
+def serve_once(path: Path, reply: bytes | None):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.bind(str(path))
+    s.listen(1)
+    got = {}
+
+    def run():
+        conn, _ = s.accept()
+        got["request"] = conn.recv(1 << 20)
+        if reply is not None and got["request"]:
+            conn.send(reply)
+        conn.close()
+        s.close()
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, got
+
+
+def hook(client, path, state=STATE, extra=()):
+    # the fallback stands in for the Python hook: it echoes its stdin and exits 7
+    cmd = [client, "/bin/sh", "-c", "cat; exit 7", "hook", "--driver-root", "/", *extra, "--server", str(path)]
+    return subprocess.run(cmd, input=state.encode() if isinstance(state, str) else state, capture_output=True,
+                          timeout=30)
+
+
+def test_the_answer_is_relayed(client, tmp_path):
+    path = tmp_path / "s.sock"
+    t, got = serve_once(path, b'{"code": 3, "error": "bad \\"thing\\" \\u00e9"}')
+    r = hook(client, path)
+    t.join(10)
+    assert r.returncode == 3 and r.stderr.decode() == 'sandbox hook: bad "thing" \u00e9\n', r.stderr
+    request = json.loads(got["request"])
+    assert request == {"argv": ["hook", "--driver-root", "/", "--server", str(path)], "stdin": STATE}
+
+
+def test_a_server_that_dies_is_one_line(client, tmp_path):
+    path = tmp_path / "s.sock"
+    t, _ = serve_once(path, None)
+    r = hook(client, path)
+    t.join(10)
+    assert r.returncode == 1 and r.stderr.decode() == f"sandbox hook: the hook server at {path} died before it answered\n"
+
+
+@pytest.mark.parametrize("case", ["no server", "trace", "not utf-8"])
+def test_otherwise_the_python_hook_runs_with_the_state(case, client, tmp_path):
+    path = tmp_path / "s.sock"
+    state = STATE.encode() + (b"\xff" if case == "not utf-8" else b"")
+    if case == "trace":  # a server that would answer, never asked
+        t, got = serve_once(path, b'{"code": 0, "error": ""}')
+    r = hook(client, path, state, ["--trace", "/t.json"] if case == "trace" else [])
+    if case == "trace":
+        releaser = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        releaser.connect(str(path))  # the accept gets this, an empty request
+        releaser.close()
+        t.join(10)
+        assert got["request"] == b""
+    assert r.returncode == 7 and r.stdout == state, (r.stdout, r.stderr)
+
+
+def test_a_server_not_roots_is_not_asked(client, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to be another user")
+    path = tmp_path / "s.sock"
+    os.chmod(tmp_path, 0o755)
+    pid = os.fork()
+    if pid == 0:  # a server of nobody's
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.bind(str(path))
+            os.chmod(path, 0o777)
+            os.setuid(65534)
+            s.listen(1)
+            conn, _ = s.accept()
+            conn.send(b'{"code": 0, "error": ""}')
+        finally:
+            os._exit(0)
+    try:
+        while not path.exists():
+            pass
+        r = hook(client, path)
+        assert r.returncode == 7 and r.stdout == STATE.encode(), r.stderr
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
