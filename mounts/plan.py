@@ -136,16 +136,21 @@ def select_gpus(request: GpuRequest, inventory: Inventory) -> list[Gpu]:
     devices are select_migs'); any unknown entry is an error."""
     if request.devices == ("all",):
         return list(inventory.gpus)
-    chosen: list[Gpu] = []
-    for entry in request.devices:
-        if is_mig(entry):
-            continue
-        gpu = _find_gpu(entry, inventory.gpus, by_minor=request.source == "linux.devices")
-        if gpu is None:
-            raise RequestError(f"{request.source}: unknown device {entry!r} "
-                               f"({len(inventory.gpus)} GPUs under {inventory.dev_root})")
-        if gpu not in chosen:
-            chosen.append(gpu)
+    by_minor = request.source == "linux.devices"
+    return _pick(request, [e for e in request.devices if not is_mig(e)],
+                 lambda e: _find_gpu(e, inventory.gpus, by_minor), "device", f"{len(inventory.gpus)} GPUs",
+                 inventory.dev_root)
+
+
+def _pick(request: GpuRequest, entries: list[str], find, what: str, have: str, where: str) -> list:
+    """What each entry names (once each, in order); one that names nothing is an error."""
+    chosen = []
+    for entry in entries:
+        found = find(entry)
+        if found is None:
+            raise RequestError(f"{request.source}: unknown {what} {entry!r} ({have} under {where})")
+        if found not in chosen:
+            chosen.append(found)
     return chosen
 
 
@@ -187,17 +192,9 @@ def select_migs(request: GpuRequest, inventory: Inventory) -> list[Mig]:
     ``GPU:N`` (the N-th MIG device in NVML's order, as nvidia-container-cli counts them) from
     NVML (mounts/nvml.py). A name that matches no MIG device is an error. ``all`` means
     whole GPUs, never MIG devices."""
-    chosen: list[Mig] = []
-    for entry in request.devices if request.devices != ("all",) else ():
-        if not is_mig(entry):
-            continue
-        found = _find_mig(entry, inventory)
-        if found is None:
-            raise RequestError(f"{request.source}: unknown MIG device {entry!r} "
-                               f"({len(inventory.migs)} MIG devices under {inventory.dev_root})")
-        if found not in chosen:
-            chosen.append(found)
-    return chosen
+    entries = [e for e in request.devices if is_mig(e)] if request.devices != ("all",) else []
+    return _pick(request, entries, lambda e: _find_mig(e, inventory), "MIG device",
+                 f"{len(inventory.migs)} MIG devices", inventory.dev_root)
 
 
 def _find_mig(entry: str, inventory: Inventory) -> Mig | None:

@@ -167,19 +167,27 @@ def _deb_version(opts: list[str]) -> str:
     return newest[0]  # madison lists the newest first
 
 
-def download_debs() -> Path:
-    debs = CACHE / f"debs-v{DRIVER_REV}"
+def _download(name: str, wanted) -> Path:
+    """``.cache/<name>`` with the packages ``wanted(apt options)`` names, downloaded once;
+    its .complete holds what ``wanted`` returned second (a version, or nothing)."""
+    debs = CACHE / name
     if (debs / ".complete").exists():
         return debs
     shutil.rmtree(debs, ignore_errors=True)
     debs.mkdir(parents=True)
     opts = apt_options()
     run("apt-get", *opts, "update")
-    version = _deb_version(opts)
-    wanted = [f"{p}={version}" for p in DRIVER_DEBS] + OTHER_DEBS
-    run("apt-get", *opts, "download", *wanted, cwd=debs)
-    (debs / ".complete").write_text(version + "\n")
+    packages, note = wanted(opts)
+    run("apt-get", *opts, "download", *packages, cwd=debs)
+    (debs / ".complete").write_text(note)
     return debs
+
+
+def download_debs() -> Path:
+    def wanted(opts):
+        version = _deb_version(opts)
+        return [f"{p}={version}" for p in DRIVER_DEBS] + OTHER_DEBS, version + "\n"
+    return _download(f"debs-v{DRIVER_REV}", wanted)
 
 
 # --- the real 535 driver root ------------------------------------------------------------
@@ -453,16 +461,7 @@ int main(int argc, char **argv) {
 
 
 def loader_debs() -> Path:
-    debs = CACHE / "loader-debs-v1"
-    if (debs / ".complete").exists():
-        return debs
-    shutil.rmtree(debs, ignore_errors=True)
-    debs.mkdir(parents=True)
-    opts = apt_options()
-    run("apt-get", *opts, "update")
-    run("apt-get", *opts, "download", *LOADER_DEBS, cwd=debs)
-    (debs / ".complete").touch()
-    return debs
+    return _download("loader-debs-v1", lambda opts: (LOADER_DEBS, ""))
 
 
 def loaders_rootfs() -> Path:
