@@ -403,11 +403,16 @@ def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
     by default the same root; a driver container mounted at /run/nvidia/driver keeps its
     user-space files there while the nodes and /proc stay the host's (``dev_root="/"``)."""
     # real paths: every source is then the path the kernel names what it opens by (opened_at)
+    given = {"driver root": root, "device root": dev_root or root}
     root = os.path.realpath(root)
     dev_root = os.path.realpath(dev_root) if dev_root else root
-    for path, what in ((root, "driver root"), (dev_root, "device root")):
+    for (what, asked), path in zip(given.items(), (root, dev_root), strict=True):
         if not os.path.isdir(path):
             raise DriverError(f"{path}: {what} is not a directory")
+        a, b = os.stat(asked), os.stat(path)
+        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):  # /proc/<pid>/root: realpath reads "/"
+            raise DriverError(f"{asked}: the {what} is reached through a link that names no path here "
+                              f"(realpath gives {path}); give its real path")
     found = read_file(root, "etc/ld.so.cache", MAX_CACHE)
     if found is None:
         raise DriverError(f"{root}: no etc/ld.so.cache under the driver root")

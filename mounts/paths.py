@@ -29,11 +29,10 @@ def opened_at(fd: int, path: str, proc: int | None = None) -> bool:
     between (the kernel then names where the open really went). ``proc``: an fd of the
     procfs to ask (the host's, where /proc may be the container's by now)."""
     try:
-        if proc is None:
-            return os.readlink(f"/proc/self/fd/{fd}") == path
-        return os.readlink(f"self/fd/{fd}", dir_fd=proc) == path
+        name = os.readlink(f"/proc/self/fd/{fd}") if proc is None else os.readlink(f"self/fd/{fd}", dir_fd=proc)
     except OSError:
         return False
+    return name in (path, path + " (deleted)")  # (replaced since, as ldconfig replaces its cache: it was there)
 
 
 class LinkLoop(Exception):

@@ -48,34 +48,31 @@ def warm_cgroup_lock() -> list | None:
     The first write to any cgroup.procs after a quiet spell waits for an RCU grace period
     (cgroup_threadgroup_rwsem's rcu_sync: 10-14 ms on the development VM; runc pays it too),
     and later writes are fast for as long as each comes within a grace period of the last.
-    The thread writes our own pid to the cgroup.procs of our own v2 cgroup every 2 ms while
-    the main thread imports and parses: a move to where we already are, so nothing changes,
-    and the container's cgroup step finds the lock warm. It writes only once that file has
-    listed our pid (a cgroup namespace or mount that does not match /proc/self/cgroup would
-    otherwise make the write a real move), stops as soon as /proc/self/cgroup changes (never
-    undoing another's move of us) and after MAX_WARM at most. Best effort: any error ends
-    the thread, and the step pays as before. (A pid no task has is refused before the lock
-    is taken, on 6.x: it does not warm it.)"""
+    The thread writes its own tid to the cgroup.threads of our own v2 cgroup every 2 ms while
+    the main thread imports and parses, so that the container's cgroup step finds the lock
+    warm. That moves one thread (this one, which is about to end) to where it already is;
+    should anyone have moved our process to another cgroup meanwhile, the kernel refuses to
+    split it (EOPNOTSUPP) and the thread ends, undoing nothing. It writes only where that file
+    lists its tid (a cgroup namespace or mount that does not match /proc/self/cgroup), and
+    for MAX_WARM at most. Each write holds the lock for microseconds, during which forks and
+    exits on the host wait. Best effort: any error ends the thread, and the step pays as
+    before. (A pid no task has is refused before the lock is taken, on 6.x: it does not warm it.)"""
     flag = [True]
 
     def keep_warm() -> None:
-        me = str(os.getpid())
+        me = str(_thread.get_native_id())
         deadline = time.monotonic() + MAX_WARM
         try:
             with open("/proc/self/cgroup") as f:
-                mine = f.read()
-            rel = next(x[3:].strip() for x in mine.splitlines() if x.startswith("0::")).lstrip("/")
-            target = next(p for p in (os.path.join("/sys/fs/cgroup/unified", rel, "cgroup.procs"),
-                                      os.path.join("/sys/fs/cgroup", rel, "cgroup.procs")) if os.path.exists(p))
+                rel = next(x[3:].strip() for x in f if x.startswith("0::")).lstrip("/")
+            target = next(p for p in (os.path.join("/sys/fs/cgroup/unified", rel, "cgroup.threads"),
+                                      os.path.join("/sys/fs/cgroup", rel, "cgroup.threads")) if os.path.exists(p))
             with open(target) as f:
                 if me not in f.read().split():
                     return
             fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
             try:
                 while flag[0] and time.monotonic() < deadline:
-                    with open("/proc/self/cgroup") as f:  # moved by someone else: never move back
-                        if f.read() != mine:
-                            return
                     os.write(fd, me.encode())
                     time.sleep(0.002)
             finally:

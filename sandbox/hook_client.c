@@ -8,9 +8,9 @@
  * argv[1:] is the whole Python hook. The client sends {"argv": <from "hook" on>, "stdin":
  * <the container state>} to SOCKET (default /run/gpu-sandbox/hook.sock), as the Python client
  * does, and prints the server's error line and exits with its code. Whenever the server is
- * of no use (none listens, it is not root's, the request is too big, the state is not plain
- * UTF-8, --trace is asked for) it execs argv[1:] with the state on stdin again: the hook then
- * does the work itself, exactly as without this program.
+ * of no use (none listens, it is not root's, it declines, the request is too big, the state
+ * is not plain UTF-8, --trace is asked for) it execs argv[1:] with the state on stdin again:
+ * the hook then does the work itself, exactly as without this program.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -27,10 +27,10 @@
 
 struct buf { char *p; size_t n, cap; };
 
-static int put(struct buf *b, const char *s, size_t n) {
-    if (b->n + n > MAX_REQUEST) return -1;
+static int put_max(struct buf *b, const char *s, size_t n, size_t max) {
+    if (n > max || b->n > max - n) return -1;
     if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 4096;
+        size_t cap = b->cap ? b->cap : 4096;
         while (cap < b->n + n) cap *= 2;
         char *p = realloc(b->p, cap);
         if (!p) return -1;
@@ -41,14 +41,20 @@ static int put(struct buf *b, const char *s, size_t n) {
     return 0;
 }
 
-/* Valid UTF-8 without NUL (the server decodes the request as UTF-8). */
+static int put(struct buf *b, const char *s, size_t n) { return put_max(b, s, n, MAX_REQUEST); }
+
+/* UTF-8 as Python's strict decoder takes it (the server decodes the request so), no NUL:
+ * no overlong forms, no surrogates, nothing past U+10FFFF. */
 static int utf8(const unsigned char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         unsigned char c = s[i];
-        size_t k = c < 0x80 ? 0 : (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : 9;
-        if (c == 0 || k == 9 || (k == 1 && c < 0xc2) || i + k >= n + (k == 0)) return 0;
+        size_t k = c < 0x80 ? 0 : c >= 0xc2 && c <= 0xdf ? 1 : (c & 0xf0) == 0xe0 ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 9;
+        if (c == 0 || k == 9 || (k && i + k >= n)) return 0;
         for (size_t j = 1; j <= k; j++)
             if ((s[i + j] & 0xc0) != 0x80) return 0;
+        unsigned char d = k ? s[i + 1] : 0;
+        if ((c == 0xe0 && d < 0xa0) || (c == 0xed && d > 0x9f) || (c == 0xf0 && d < 0x90) || (c == 0xf4 && d > 0x8f))
+            return 0;
         i += k + 1;
     }
     return 1;
@@ -116,7 +122,12 @@ static void print_error(const char *p) {
         case 'f': out[o++] = '\f'; break;
         case 'u': {
             unsigned v = 0;
-            if (sscanf(p + 1, "%4x", &v) != 1) return;
+            for (int j = 1; j <= 4; j++) { /* exactly four hex digits, never past the NUL */
+                char h = p[j];
+                int x = h >= '0' && h <= '9' ? h - '0' : (h | 0x20) >= 'a' && (h | 0x20) <= 'f' ? (h | 0x20) - 'a' + 10 : -1;
+                if (x < 0) return;
+                v = v << 4 | (unsigned)x;
+            }
             p += 4;
             if (v < 0x80) out[o++] = (char)v;
             else if (v < 0x800) out[o++] = (char)(0xc0 | v >> 6), out[o++] = (char)(0x80 | (v & 0x3f));
@@ -148,11 +159,15 @@ int main(int argc, char **argv) {
 
     struct buf state = {0};
     char chunk[65536];
-    for (;;) {
+    for (;;) { /* all of it, however big: a fallback replays it whole */
         ssize_t r = read(0, chunk, sizeof chunk);
         if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        if (put(&state, chunk, (size_t)r)) break; /* too big for one request: fallback below */
+        if (r == 0) break;
+        if (r < 0 || put_max(&state, chunk, (size_t)r, (size_t)-1 / 4)) {
+            fprintf(stderr, "sandbox hook: cannot read the container state on stdin: %s\n",
+                    r < 0 ? strerror(errno) : "out of memory");
+            return 1;
+        }
     }
     if (hook < 0 || state.n >= MAX_REQUEST || !utf8((unsigned char *)state.p, state.n)) fallback(cmd, state.p, state.n);
 
@@ -186,11 +201,14 @@ int main(int argc, char **argv) {
         return 1;
     }
     reply[r] = '\0';
+    if (field(reply, "fallback")) fallback(cmd, state.p, state.n); /* the server declined */
     const char *code = field(reply, "code"), *error = field(reply, "error");
-    if (!code) {
+    char *end = NULL;
+    long n = code ? strtol(code, &end, 10) : 0;
+    if (!code || end == code) {
         fprintf(stderr, "sandbox hook: the hook server at %s gave no exit code\n", path);
         return 1;
     }
     if (error) print_error(error);
-    return atoi(code) & 0xff;
+    return (int)(n & 0xff);
 }

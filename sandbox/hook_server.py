@@ -15,6 +15,8 @@ itself, as before; nothing else changes.
                                                                    `sandbox hook` does it
                     <------------------------------------------    {"code", "error"}
     print the error line, exit code
+    (or {"fallback": why} from either: a peer or arguments the server does not serve;
+    the client then does the work itself, as without a server)
 
 The child has the hook's environment, not the server's (PATH only) and works from "/":
 what reaches it is what reaches a hook. Only root may connect (SO_PEERCRED); the socket
@@ -64,6 +66,8 @@ def forward(argv: list[str]) -> int | None:
         print(f"sandbox hook: the hook server at {path} died before it answered", file=sys.stderr)
         return 1
     answer = loads(reply.decode())
+    if answer.get("fallback"):
+        return None  # the server declined: the hook does the work itself
     if answer["error"]:
         print(f"sandbox hook: {answer['error']}", file=sys.stderr)
     return answer["code"]
@@ -139,6 +143,7 @@ def serve(args) -> int:
                 continue
             with conn:
                 if not _trusted_peer(conn):
+                    _decline(conn, "a hook server serves only root with CAP_SYS_ADMIN in its namespaces")
                     continue
                 while len(_children) >= MAX_CHILDREN:
                     time.sleep(0.01)  # until one ends (SIGCHLD reaps it)
@@ -227,7 +232,8 @@ def _handle(conn) -> int:
         request = loads(conn.recv(MAX_REQUEST).decode())
         args = cli.hook_args(request["argv"])
         if args is None or args.trace:  # (a trace is the hook's own to write: never ours, as root, for it)
-            raise SandboxError(f"unsupported hook arguments {request['argv']!r}")
+            _decline(conn, "arguments only the hook itself reads")
+            return 0
         state = request["stdin"].encode("utf-8", "surrogateescape")
         cid = str(loads(request["stdin"]).get("id", "?")) if request["stdin"].lstrip().startswith("{") else "?"
         cli._resolve(args)
@@ -239,6 +245,17 @@ def _handle(conn) -> int:
     conn.sendall(dumps({"code": code, "error": error}).encode())
     print(f"sandbox hook serve: {cid}: exit {code} in {(time.monotonic() - t) * 1e3:.1f} ms", file=sys.stderr)
     return 0
+
+
+def _decline(conn, why: str) -> None:
+    """Tell the client to do the work itself (it then runs as if no server listened)."""
+    from sandbox.jsonlite import dumps
+
+    try:
+        conn.setblocking(False)  # never held up by a client that does not read
+        conn.send(dumps({"fallback": why}).encode())
+    except OSError:
+        pass
 
 
 def _preload() -> None:

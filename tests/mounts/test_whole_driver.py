@@ -391,3 +391,31 @@ def test_opened_at_names_where_an_open_really_went(tmp_path):
         assert not opened_at(fd, str(tmp_path / "link/f")) and opened_at(fd, str(tmp_path / "real/f"))
     finally:
         os.close(fd)
+
+
+def test_a_driver_root_through_a_magic_link_is_refused(driver_root, rootfs_debian, tmp_path):
+    """/proc/<pid>/root of a process whose root is a mount of another mount namespace: the
+    kernel names it by a path that, here, is another directory (an empty one): refused, never
+    planned from what that path happens to be in our tree."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount and chroot")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                          f"mount --bind {rootfs_debian} {mnt} && exec chroot {mnt} sleep 30"])
+    try:
+        import time
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+            pid = kids[0] if kids else str(p.pid)
+            if os.stat(f"/proc/{pid}/root").st_ino != os.stat("/").st_ino:
+                break  # it has chrooted
+            time.sleep(0.01)
+        with pytest.raises(DriverError, match=rf"^/proc/{pid}/root: the driver root is reached through a link"):
+            discover(f"/proc/{pid}/root")
+    finally:
+        p.kill()
+        p.wait()
+    assert discover(str(driver_root)).root == str(driver_root)  # (a real path is taken as it is)

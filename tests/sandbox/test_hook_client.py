@@ -68,10 +68,13 @@ def test_a_server_that_dies_is_one_line(client, tmp_path):
     assert r.returncode == 1 and r.stderr.decode() == f"sandbox hook: the hook server at {path} died before it answered\n"
 
 
-@pytest.mark.parametrize("case", ["no server", "trace", "not utf-8"])
+@pytest.mark.parametrize("case", ["no server", "trace", "not utf-8", "a surrogate", "overlong", "2 MB", "declined"])
 def test_otherwise_the_python_hook_runs_with_the_state(case, client, tmp_path):
     path = tmp_path / "s.sock"
-    state = STATE.encode() + (b"\xff" if case == "not utf-8" else b"")
+    state = STATE.encode() + {"not utf-8": b"\xff", "a surrogate": b"\xed\xa0\x80", "overlong": b"\xe0\x80\xaf",
+                              "2 MB": b" " * (2 << 20)}.get(case, b"")
+    if case == "declined":  # the server tells it to do the work itself
+        t, got = serve_once(path, b'{"fallback": "arguments only the hook itself reads"}')
     if case == "trace":  # a server that would answer, never asked
         t, got = serve_once(path, b'{"code": 0, "error": ""}')
     r = hook(client, path, state, ["--trace", "/t.json"] if case == "trace" else [])
@@ -81,7 +84,24 @@ def test_otherwise_the_python_hook_runs_with_the_state(case, client, tmp_path):
         releaser.close()
         t.join(10)
         assert got["request"] == b""
-    assert r.returncode == 7 and r.stdout == state, (r.stdout, r.stderr)
+    if case == "declined":
+        t.join(10)
+    assert r.returncode == 7 and r.stdout == state, (r.stdout[:200], r.stderr)
+
+
+@pytest.mark.parametrize("reply,code,stderr", [
+    (b'{"code": 0, "error": "\\u1', 0, ""),  # a cut escape: nothing past the reply is read
+    (b'{"code": "x", "error": ""}', 1, "gave no exit code"),
+    (b'{"code": 300, "error": ""}', 300 & 0xFF, ""),
+])
+def test_odd_replies(reply, code, stderr, client, tmp_path):
+    path = tmp_path / "s.sock"
+    t, _ = serve_once(path, reply)
+    r = hook(client, path)
+    t.join(10)
+    assert r.returncode == code and stderr in r.stderr.decode(), r.stderr
+    if not stderr:
+        assert r.stderr == b""
 
 
 def test_a_server_not_roots_is_not_asked(client, tmp_path):
