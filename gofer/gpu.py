@@ -164,21 +164,13 @@ def _proc_tmpfs(root: Root, action: A.ProcFs, base: int) -> None:
         out = os.open(name, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o444, dir_fd=tmp)
         with os.fdopen(out, "wb") as f:
             f.write(data)
-    for busid in action.gpus:
-        src = _beneath(base, f"gpus/{busid}", f"{action.target}/gpus/{busid}")
-        try:
-            if not stat.S_ISDIR(os.fstat(src).st_mode):
-                raise MountError(f"{action.target}/gpus/{busid}", f"source {action.source}/gpus/{busid} "
-                                 "is not a directory")
-            root.bind(src, f"{action.target}/gpus/{busid}", ("ro", "nosuid", "nodev", "noexec"), is_dir=True)
-        finally:
-            os.close(src)
-    for rel in action.files:
+    for rel, is_dir in [(f"gpus/{busid}", True) for busid in action.gpus] + [(f, False) for f in action.files]:
         src = _beneath(base, rel, f"{action.target}/{rel}")
         try:
-            if not stat.S_ISREG(os.fstat(src).st_mode):
-                raise MountError(f"{action.target}/{rel}", f"source {action.source}/{rel} is not a regular file")
-            root.bind(src, f"{action.target}/{rel}", ("ro", "nosuid", "nodev", "noexec"))
+            if not (stat.S_ISDIR if is_dir else stat.S_ISREG)(os.fstat(src).st_mode):
+                raise MountError(f"{action.target}/{rel}", f"source {action.source}/{rel} is not a "
+                                 f"{'directory' if is_dir else 'regular file'}")
+            root.bind(src, f"{action.target}/{rel}", ("ro", "nosuid", "nodev", "noexec"), is_dir=is_dir)
         finally:
             os.close(src)
     sc.mount(None, sc.fdpath(tmp), None, sc.MS_REMOUNT | sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC)

@@ -306,12 +306,12 @@ def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
     gpu_nodes = {t for targets in own.values() for t in targets}
     by_path = {a.target for a in actions if isinstance(a, A.Symlink) and a.target.startswith("/dev/dri/by-path/")}
 
-    def node(a: A.Device) -> DeviceNode:
-        return DeviceNode(a.target, host_path=a.source if a.source != a.target else None, type="c",
-                          major=a.major, minor=a.minor)
+    def node(path: str, source: str, major: int, minor: int) -> DeviceNode:
+        return DeviceNode(path, host_path=source if source != path else None, type="c", major=major, minor=minor)
 
-    common = [node(a) for a in actions if isinstance(a, A.Device) and a.target not in gpu_nodes]
-    by_target = {a.target: node(a) for a in actions if isinstance(a, A.Device) and a.target in gpu_nodes}
+    devs = [a for a in actions if isinstance(a, A.Device)]
+    common = [node(a.target, a.source, a.major, a.minor) for a in devs if a.target not in gpu_nodes]
+    by_target = {a.target: node(a.target, a.source, a.major, a.minor) for a in devs if a.target in gpu_nodes}
     links = {a.target: a.source for a in actions if isinstance(a, A.Symlink) and a.target in by_path}
     mounts = [Mount(a.source, a.target, options=IPC_OPTS if isinstance(a, A.Ipc) else FILE_OPTS)
               for a in actions if isinstance(a, A.Library | A.Binary | A.Firmware | A.Ipc)
@@ -341,8 +341,7 @@ def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
         devices += [Device(str(g.index), one), Device(g.uuid, one)]
     for m in inventory.migs:  # as nvidia-ctk's: the parent's node and the instances' caps nodes
         gpu = next(g for g in inventory.gpus if g.minor == m.minor)
-        nodes = [DeviceNode(d.path, host_path=d.source if d.source != d.path else None, type="c",
-                            major=d.major, minor=d.minor)
+        nodes = [node(d.path, d.source, d.major, d.minor)
                  for name in (f"nvidia{m.minor}", f"nvidia-caps/nvidia-cap{m.gi_cap}", f"nvidia-caps/nvidia-cap{m.ci_cap}")
                  if (d := inventory.devices.get(name)) is not None]
         devices.append(Device(f"{gpu.index}:{m.gi}:{m.ci}", ContainerEdits(device_nodes=nodes)))

@@ -273,18 +273,16 @@ def _closure(inventory: Inventory, roots: list[DriverLib]) -> Iterator[tuple[Dri
                 queue.append(dep)
 
 
-def config_files(inventory: Inventory, caps: frozenset[str]) -> list[str]:
-    """The loaders' files of ``caps`` the driver root has (regular files only)."""
-    out = []
-    for cap in sorted(caps & CONFIGS.keys()):
-        out += [p for p in CONFIGS[cap] if _is_file(inventory.host(p))]
+def config_files(inventory: Inventory, caps: frozenset[str]) -> list[tuple[str, str]]:
+    """(path in the container, host path) of the loaders' files of ``caps`` the driver root
+    has (regular files only)."""
+    wanted = [p for cap in sorted(caps & CONFIGS.keys()) for p in CONFIGS[cap]]
     if "graphics" in caps:
         for d in EGL_PLATFORMS:
             host = inventory.host(d)
             if host is not None and os.path.isdir(host):
-                out += [f"{d}/{n}" for n in sorted(os.listdir(host))
-                        if _PLATFORM_FILE.fullmatch(n) and _is_file(inventory.host(f"{d}/{n}"))]
-    return out
+                wanted += [f"{d}/{n}" for n in sorted(os.listdir(host)) if _PLATFORM_FILE.fullmatch(n)]
+    return [(p, host) for p in wanted if _is_file(host := inventory.host(p))]
 
 
 MAX_LOADER_FILE = 64 << 10  # an ICD file is a few hundred bytes; a CDI hook's argument is at most 128 KiB
@@ -365,13 +363,14 @@ def imex_channels(request: GpuRequest, inventory: Inventory) -> list[str]:
 
 
 def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
-              gpus: list[Gpu] | None = None) -> Iterator[A.AnyAction]:
-    """The actions for ``request`` (on ``gpus``, selected here unless given), in streaming
-    order. Raises RequestError first if the request cannot be met (unknown device, failed
-    requirement)."""
+              gpus: list[Gpu] | None = None, migs: list[Mig] | None = None) -> Iterator[A.AnyAction]:
+    """The actions for ``request`` (on ``gpus`` and ``migs``, selected here unless given:
+    a MIG name may cost an NVML start), in streaming order. Raises RequestError first if the
+    request cannot be met (unknown device, failed requirement)."""
     if gpus is None:
         gpus = select_gpus(request, inventory)
-    migs = select_migs(request, inventory)
+    if migs is None:
+        migs = select_migs(request, inventory)
     # a MIG device's parent GPU: its node, its /proc directory; never its DRI nodes
     parents = [g for g in inventory.gpus if g not in gpus and any(x.minor == g.minor for x in migs)]
     check_requirements(request, inventory.version, inventory.cuda_version,
@@ -428,10 +427,8 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
     for target, host in inventory.firmware.items():
         yield A.Firmware(host, target, A.RO_LIB)
 
-    for target in config_files(inventory, lib_caps):
-        host = inventory.host(target)
-        if host is not None:
-            yield A.Config(host, target, A.RO_LIB, loader_file(inventory, target, made))
+    for target, host in config_files(inventory, lib_caps):
+        yield A.Config(host, target, A.RO_LIB, loader_file(inventory, target, made))
     if "display" in caps:
         for target, debian in XORG_MODULES:
             target, debian = target.format(version=inventory.version), debian.format(version=inventory.version)
@@ -475,8 +472,8 @@ def compat_first(entries: list[Entry], inventory: Inventory, layout: Layout) -> 
 def compute_plan(request: GpuRequest | None, inventory: Inventory | None, layout: Layout) -> Plan:
     if request is None or inventory is None:
         return Plan({}, [], [])
-    gpus = select_gpus(request, inventory)
-    actions = list(iter_plan(request, inventory, layout, gpus))
+    gpus, migs = select_gpus(request, inventory), select_migs(request, inventory)
+    actions = list(iter_plan(request, inventory, layout, gpus, migs))
     driver = {"version": inventory.version, "cuda": inventory.cuda_version, "root": inventory.root,
               "dev_root": inventory.dev_root}
-    return Plan(driver, gpus, actions, select_migs(request, inventory))
+    return Plan(driver, gpus, actions, migs)

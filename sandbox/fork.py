@@ -42,7 +42,7 @@ def spawn_gofer() -> Gofer:
 MAX_WARM = 1.0  # seconds: the thread's whole life, whatever happens to the flag
 
 
-def warm_cgroup_lock() -> list | None:
+def warm_cgroup_lock() -> list[bool]:
     """Start a thread that keeps the kernel's cgroup attach lock warm until its flag is cleared.
 
     The first write to any cgroup.procs after a quiet spell waits for an RCU grace period
@@ -52,9 +52,10 @@ def warm_cgroup_lock() -> list | None:
     the main thread imports and parses, so that the container's cgroup step finds the lock
     warm. That moves one thread (this one, which is about to end) to where it already is;
     should anyone have moved our process to another cgroup meanwhile, the kernel refuses to
-    split it (EOPNOTSUPP) and the thread ends, undoing nothing. It writes only where that file
-    lists its tid (a cgroup namespace or mount that does not match /proc/self/cgroup), and
-    for MAX_WARM at most. Each write holds the lock for microseconds, during which forks and
+    split it (EOPNOTSUPP) and the thread ends, undoing nothing; the same refusal meets a path
+    that names another cgroup (a cgroup namespace or mount that does not match
+    /proc/self/cgroup), so nothing need be read first (the root's file lists every thread of
+    the host). MAX_WARM at most. Each write holds the lock for microseconds, during which forks and
     exits on the host wait. Best effort: any error ends the thread, and the step pays as
     before. (A pid no task has is refused before the lock is taken, on 6.x: it does not warm it.)"""
     flag = [True]
@@ -67,9 +68,6 @@ def warm_cgroup_lock() -> list | None:
                 rel = next(x[3:].strip() for x in f if x.startswith("0::")).lstrip("/")
             target = next(p for p in (os.path.join("/sys/fs/cgroup/unified", rel, "cgroup.threads"),
                                       os.path.join("/sys/fs/cgroup", rel, "cgroup.threads")) if os.path.exists(p))
-            with open(target) as f:
-                if me not in f.read().split():
-                    return
             fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
             try:
                 while flag[0] and time.monotonic() < deadline:

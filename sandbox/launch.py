@@ -115,8 +115,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                     request = cap_request(request, opts.max_capabilities)
             with spans.span("cgroup"):
                 cgroup = _cgroup(spec, opts, gofer.pid, sd)
-                if gofer.warm:
-                    gofer.warm[0] = False
+                gofer.warm[0] = False
                 if not devices_enforced(cgroup.dirs.values() if cgroup else ()):
                     # fail closed: without device rules a node in the image (or one made
                     # with CAP_MKNOD) opens the host's device itself, a disk, /dev/kmsg
@@ -181,8 +180,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
         sd.remove()
         raise
     finally:
-        if gofer.warm:
-            gofer.warm[0] = False
+        gofer.warm[0] = False
         sock.close()
 
 

@@ -109,27 +109,25 @@ def test_a_dri_link_to_elsewhere_is_an_error(tmp_path, driver_root):
 
 # --- MIG --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("entry,caps", [
-    ("0:1:0", [12, 13]),
-    ("0:2:1", [21, 23]),
-    (f"MIG-{GPU0}/2/1", [21, 23]),
-    ("0:2:0,0:2:1", [21, 22, 23]),  # both of GI 2's compute instances
-    (f"0:1:0,MIG-{GPU0}/1/0", [12, 13]),  # the same device twice: once
+@pytest.mark.parametrize("entry,caps,instances", [
+    ("0:1:0", [12, 13], [(1, 0)]),
+    ("0:2:1", [21, 23], [(2, 1)]),
+    (f"MIG-{GPU0}/2/1", [21, 23], [(2, 1)]),
+    ("0:2:0,0:2:1", [21, 22, 23], [(2, 0), (2, 1)]),  # both of GI 2's compute instances
+    (f"0:1:0,MIG-{GPU0}/1/0", [12, 13], [(1, 0)]),  # the same device twice: once
 ])
-def test_mig_devices_get_their_caps_nodes_parent_and_proc_files(entry, caps, make_bundle, inventory):
+def test_mig_devices_get_their_caps_nodes_parent_and_proc_files(entry, caps, instances, make_bundle, inventory):
     plan = plan_for(make_bundle, inventory, [f"NVIDIA_VISIBLE_DEVICES={entry}"])
     devices = {a.target: (a.major, a.minor) for a in plan.actions if a.kind == "device"}
     want = {f"/dev/nvidia-caps/nvidia-cap{n}": (fixtures.CAPS_MAJOR, n) for n in caps}
     assert {t: v for t, v in devices.items() if "nvidia-caps/" in t} == want
     assert "/dev/nvidia0" in devices and "/dev/nvidia1" not in devices  # the parent GPU, only it
-    assert plan.gpus == [] and {(m.gi, m.ci) for m in plan.migs} == {
-        (int(x.split("gi")[1].split("/")[0]), int(x.rsplit("ci", 1)[1].split("/")[0]))
-        for x in (f for m in plan.migs for f in m.proc_files[1:])}
+    assert plan.gpus == [] and [(m.gi, m.ci) for m in plan.migs] == instances
     (proc,) = [a for a in plan.actions if a.kind == "procfs"]
     assert proc.gpus == (fixtures.GPUS[0][0],)
-    expect = [f for m in plan.migs for f in m.proc_files]
+    expect = [f for gi, ci in instances for f in (f"capabilities/gpu0/mig/gi{gi}/access",
+                                                  f"capabilities/gpu0/mig/gi{gi}/ci{ci}/access")]
     assert list(proc.files) == list(dict.fromkeys(expect))
-    assert all(f.startswith("capabilities/gpu0/mig/gi") for f in proc.files)
 
 
 def test_mig_and_whole_gpus_mix(make_bundle, inventory):
