@@ -307,7 +307,8 @@ def _keeper(sock: socket.socket, start: protocol.Start, parent: int, path: str |
     sock.close()  # the child speaks for the container from here on
     if start.detached:  # the init outlives us, as in create without a user namespace
         os._exit(0)
-    _wait_pid1(child, parent, start.cgroup_created)
+    # outside the user namespace and the container's mount namespace, we can remove them
+    _wait_pid1(child, parent, Pinned(start.cgroup_created) if start.cgroup_created else None)
     raise AssertionError("unreachable")
 
 
