@@ -72,10 +72,53 @@ def _gpu_requests(sock: socket.socket, root: Root, spans: Spans) -> int:
 ORPHANED = signal.SIGRTMIN + 1  # our PDEATHSIG while we wait: no signal anyone forwards
 
 
-def _wait_pid1(child: int, parent: int, pinned: Pinned | None) -> None:
+class Leftovers:
+    """What a foreground run leaves should its supervisor die: the cgroups it made and its
+    state directory, held by fds opened while the host's paths are ours to walk (pid 1's
+    pivot_root in the mount namespace we share takes them from our view)."""
+
+    def __init__(self, cgroups: list[str], state_dir: str | None):
+        self.cgroups = Pinned(cgroups) if cgroups else None
+        self.state = None
+        if state_dir is not None:
+            parent = os.open(os.path.dirname(state_dir), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            name = os.path.basename(state_dir)
+            self.state = (parent, name, os.stat(name, dir_fd=parent, follow_symlinks=False).st_ino)
+
+    def close(self) -> None:
+        """In the forked init, which must not keep them."""
+        if self.cgroups is not None:
+            self.cgroups.close()
+        if self.state is not None:
+            os.close(self.state[0])
+
+    def remove(self) -> None:
+        if self.cgroups is not None:
+            self.cgroups.remove()
+        if self.state is None:
+            return
+        parent, name, ino = self.state
+        try:  # only the directory we were handed: a later run of the id may have replaced it
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except OSError:
+            return
+        try:
+            if os.fstat(fd).st_ino != ino:
+                return
+            for entry in os.listdir(fd):
+                os.unlink(entry, dir_fd=fd)
+            os.rmdir(name, dir_fd=parent)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _wait_pid1(child: int, parent: int, pinned: Leftovers | None) -> None:
     """We are the parent of the container's pid 1: forward signals, exit as it exits. Should
     our supervisor die (SIGKILL), the kernel tells us with ORPHANED: then the container goes
-    too, and with it the cgroup the supervisor made, which nobody else would remove."""
+    too, and with it the cgroup and the state the supervisor made, which nobody else would
+    remove."""
     def forward(signum, _frame):
         try:
             os.kill(child, signum)
@@ -180,8 +223,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         # cgroup mounts from our view, perhaps before we run again after the fork: hold what
         # we would remove by fds opened first. (In a user namespace the keeper above us
         # removes the cgroups: we cannot.)
-        created = [] if in_userns or start.detached else start.cgroup_created
-        pinned = Pinned(created) if created else None
+        pinned = None if in_userns or start.detached else Leftovers(start.cgroup_created, start.state_dir)
         child = os.fork()
         if child:
             sock.close()
@@ -308,7 +350,7 @@ def _keeper(sock: socket.socket, start: protocol.Start, parent: int, path: str |
     if start.detached:  # the init outlives us, as in create without a user namespace
         os._exit(0)
     # outside the user namespace and the container's mount namespace, we can remove them
-    _wait_pid1(child, parent, Pinned(start.cgroup_created) if start.cgroup_created else None)
+    _wait_pid1(child, parent, Leftovers(start.cgroup_created, start.state_dir))
     raise AssertionError("unreachable")
 
 

@@ -49,6 +49,7 @@ class Start(msgspec.Struct, frozen=True, tag_field="kind", tag="start"):
     preserve_fds: int = 0  # fds 3 .. 3+N-1 of ours pass on to the container
     hooks_pause: bool = False  # stop before pivot_root for the runtime-namespace hooks
     cgroup_created: list[str] = []  # what to remove if the supervisor dies under a running pid 1
+    state_dir: str | None = None  # sandbox run's state directory: removed with them
 
 
 class Resume(msgspec.Struct, frozen=True, tag_field="kind", tag="resume"):

@@ -128,7 +128,8 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                 spec, bundle.rootfs, bundle.path, spans.enabled, overlay_root=request is not None,
                 scratch_size=opts.scratch_size, id=opts.cid, exec_fifo=sd.fifo if opts.detached else None,
                 console_socket=opts.console_socket, detached=opts.detached, preserve_fds=opts.preserve_fds,
-                hooks_pause=pause, cgroup_created=cgroup.created if cgroup is not None else []))
+                hooks_pause=pause, cgroup_created=cgroup.created if cgroup is not None else [],
+                state_dir=sd.dir if opts.foreground else None))
             if request is not None:
                 _stream_plan(sock, request, bundle, opts, spans, cgroup)
             if cgroup is not None:

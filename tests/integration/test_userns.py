@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -171,3 +172,38 @@ def test_nobody_in_there_gains_no_image_directory(gpu, make_bundle, tmp_path, dr
         assert r.returncode == 0, (size, r.stderr)
         assert "Permission denied" in r.stdout and "No such file" in r.stdout, (size, r.stdout)
     assert not (rootfs_debian / target.lstrip("/") / "pwned").exists()
+
+
+@pytest.mark.parametrize("userns", [True, False])
+def test_a_killed_run_leaves_no_cgroup_and_no_state(userns, make_bundle, tmp_path):
+    """SIGKILL the supervisor of `sandbox run`: the gofer (in a user namespace, its keeper
+    outside it) kills the container and removes the cgroups and the state directory."""
+    args = ["sh", "-c", "echo started; exec sleep 300"]
+    bundle = _bundle(make_bundle, args) if userns else make_bundle(args)
+    spec = json.loads((bundle / "config.json").read_text())
+    rel = f"sandbox-keeper-{os.getpid()}-{int(userns)}"
+    spec["linux"]["cgroupsPath"] = "/" + rel
+    (bundle / "config.json").write_text(json.dumps(spec))
+    dirs = [os.path.join("/sys/fs/cgroup", c, rel) for c in ("memory", "pids", "devices")]
+    root = tmp_path / "s"
+    p = subprocess.Popen([*CLI, "--root", str(root), "run", str(bundle), "--id", "kept"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "started", p.stderr.read()
+        assert all(os.path.isdir(d) for d in dirs) and (root / "kept").is_dir()
+        p.kill()
+        p.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while (any(os.path.exists(d) for d in dirs) or (root / "kept").exists()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not [d for d in dirs if os.path.exists(d)], "cgroups left behind"
+        assert not (root / "kept").exists(), "state directory left behind"
+    finally:
+        p.kill()
+        p.wait()
+        for d in dirs:  # (the old code left them)
+            if os.path.isdir(d):
+                for pid in open(os.path.join(d, "cgroup.procs")).read().split():
+                    os.kill(int(pid), 9)
+                time.sleep(0.1)
+                os.rmdir(d)
