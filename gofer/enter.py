@@ -133,6 +133,7 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
         for fd, flag, name in fds:
             sc.setns(fd, flag, what=f"the container's {name} namespace")
             os.close(fd)
+        sc.leave_host_proc()  # G is the container's to see from its fork on
         tell_r, tell_w = os.pipe2(os.O_CLOEXEC) if filt is not None and filt.listener else (None, None)
         pid = os.fork()
         if pid:

@@ -287,6 +287,10 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             socket.sethostname(spec.hostname)
         rootfs.propagate_root(spec)
     root.close()
+    # Ready makes us visible to the container's other processes (exec's), in a joined pid
+    # namespace we were from the fork (as runc's init is, its root the host's until
+    # pivot_root): no fd of ours may lead to the host from here on.
+    sc.leave_host_proc()
 
     proc = spec.process
     if console is not None:

@@ -199,9 +199,45 @@ def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0, what
 PROC = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
+PROC_SUPER_MAGIC = 0x9FA0
+_fstatfs = _libc.fstatfs
+_fstatfs.argtypes, _fstatfs.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_int
+
+
+def _fstatfs_type(fd: int) -> int:
+    """statfs's f_type of ``fd`` (the first field, a long), -1 on error."""
+    buf = (ctypes.c_long * 16)()  # struct statfs is 120 bytes on 64-bit Linux
+    if _retry(_fstatfs, fd, buf) != 0:
+        return -1
+    return buf[0]
+
+
 def open_proc(rel: str, flags: int) -> int:
-    """``rel`` under the host's procfs (self/, thread-self/, sys/: ours, our namespaces')."""
+    """``rel`` under our procfs (self/, thread-self/, sys/: ours, our namespaces')."""
+    if PROC < 0:
+        raise OSError(errno.ENOENT, "no procfs of the container's at /proc", rel)
     return os.open(rel, flags | os.O_CLOEXEC, dir_fd=PROC)
+
+
+def leave_host_proc() -> None:
+    """Close the host's procfs before a process of ours becomes visible in a container's pid
+    namespace (exec's child, the init before it reports ready): a container process with
+    CAP_SYS_PTRACE reads our fds past the non-dumpable flag, and /proc/<pid>/fd/N leading
+    to the host's procfs leads on to /proc/1/root, the host's root. Our root is the
+    container's by now: its /proc, if it is a procfs (only a real one has the magic; it
+    shows the container's pid namespace), serves what is left (reopening a file by fd, the
+    LSM labels); without one those fail as "no procfs"."""
+    global PROC
+    old, PROC = PROC, -1
+    os.close(old)
+    try:
+        fd = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    if _fstatfs_type(fd) == PROC_SUPER_MAGIC:
+        PROC = fd
+    else:
+        os.close(fd)
 
 
 def open_regular(path_fd: int) -> int | None:

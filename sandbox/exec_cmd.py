@@ -25,11 +25,6 @@ def main(args) -> int:
     proc = _process(args, spec, state.bundle)
     from gofer.cgroups import devices_enforced
 
-    if state.status == "created" and _grants(proc, "CAP_SYS_PTRACE") and not _sealed(state.pid):
-        # the init waiting for start is the host's Python, not dumpable: a process that may
-        # ptrace reads past that to /proc/1/exe (CVE-2019-5736; sandbox/sealed.py)
-        raise SandboxError(f"cannot exec a process with CAP_SYS_PTRACE in container {state.id!r} before it "
-                           "starts: its init would be exposed (grant the capability in config.json instead)")
     if not devices_enforced(state.cgroup):  # fail closed, as create does
         from sandbox.launch import NO_DEVICE_RULES
 
@@ -52,19 +47,6 @@ def main(args) -> int:
     if args.detach:
         return 0
     return _wait(pid)
-
-
-def _grants(proc: Process, cap: str) -> bool:
-    caps = proc.capabilities
-    return caps is not None and any(cap == c.upper() for field in (caps.bounding, caps.permitted, caps.ambient)
-                                    for c in field)
-
-
-def _sealed(pid: int) -> bool:
-    try:
-        return os.readlink(f"/proc/{pid}/exe").startswith("/memfd:")
-    except OSError:
-        return False
 
 
 def _process(args, spec, bundle: str) -> Process:

@@ -3,6 +3,10 @@ and without site (``-IS``: no PYTHON* variables, no user site, no cwd on sys.pat
 less per start), with this installation's import paths baked in. `scripts/setup` writes it
 over pip's console script; `sandbox hook install` puts the same program in a hook entry.
 
+It is sandbox/launcher.c, built here with the interpreter and the program baked in: it runs
+the interpreter from a read-only view of itself (CVE-2019-5736, see there). Without a C
+compiler it is a ``#!`` script, and sandbox/sealed.py seals the verbs that need it.
+
     python -m sandbox.launcher PATH     writes the launcher to PATH
 """
 
@@ -32,12 +36,35 @@ def entry_code() -> str:
     return f"import sys; sys.path[:0] = {import_paths()!r}; {MAIN}"
 
 
+def c_string(text: str) -> str:
+    """``text`` as a C string literal: printable ASCII as it is, every other byte in octal."""
+    out = []
+    for b in text.encode():
+        ch = chr(b)
+        out.append(ch if 32 <= b < 127 and ch not in '"\\?' else f"\\{b:03o}")
+    return '"' + "".join(out) + '"'
+
+
 def write_launcher(path: str) -> None:
-    code = f"#!{sys.executable} -IS\nimport sys\nsys.path[:0] = {import_paths()!r}\n{MAIN}\n"
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(code)
-    os.chmod(tmp, 0o755)
+    import shutil
+    import subprocess
+    import tempfile
+
+    tmp = f"{path}.tmp{os.getpid()}"
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        with open(tmp, "w") as f:
+            f.write(f"#!{sys.executable} -IS\nimport sys\nsys.path[:0] = {import_paths()!r}\n{MAIN}\n")
+        os.chmod(tmp, 0o755)
+    else:
+        source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.c")
+        with tempfile.TemporaryDirectory() as d:
+            config = os.path.join(d, "config.h")
+            with open(config, "w") as f:
+                f.write(f"#define SANDBOX_PYTHON {c_string(sys.executable)}\n"
+                        f"#define SANDBOX_CODE {c_string(entry_code())}\n")
+            subprocess.run([cc, "-O2", "-Wall", "-Werror", f'-DSANDBOX_CONFIG="{config}"', "-o", tmp, source],
+                           check=True)
     os.replace(tmp, path)
 
 

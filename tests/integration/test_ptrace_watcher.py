@@ -1,0 +1,136 @@
+"""CVE-2019-5736's class, tried as the attacker: a process of the container holding
+CAP_SYS_PTRACE watches its pid namespace while other processes arrive (plain execs, execs
+granted the capability in every spelling, a second container created into the namespace)
+and opens every exe, cwd, root, fd and mapped file of every process it sees. None of those
+may be a host file that opens for writing; none may be the host's root or a directory of
+its procfs (the way to /proc/1/root), except the root of the init of a container created
+into the namespace while it sets up, before pivot_root (runc's init shows the host's root
+there too: the pid namespace is joined before the mounts). runc passes the same probe."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import CLI
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+SOURCE = Path(__file__).parent / "programs" / "watcher.c"
+ETXTBSY = 26  # busy now is not unwritable: the attack waits for the interpreter to be idle
+
+
+def _bundle(make_bundle, tmp_path, name: str, args: list[str], caps: list[str], pid_ns: str | None = None) -> Path:
+    bundle = make_bundle(args)
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["capabilities"] = {k: caps for k in ("bounding", "effective", "permitted")}
+    spec["mounts"].append({"destination": "/w", "type": "bind", "source": str(tmp_path / "w"),
+                           "options": ["rbind", "rw"]})
+    if pid_ns is not None:
+        spec["linux"]["namespaces"] = [ns if ns["type"] != "pid" else {"type": "pid", "path": pid_ns}
+                                       for ns in spec["linux"]["namespaces"]]
+    (bundle / "config.json").write_text(json.dumps(spec))
+    return bundle
+
+
+def _host_files(pid: int) -> set[tuple[int, int]]:
+    """(dev, ino) of every host file ``pid`` maps (an interpreter of ours, as the host sees
+    it: its libraries and extension modules; a sealed copy is no host file), and of the
+    interpreter itself."""
+    real = os.stat(os.path.realpath(sys.executable))
+    out = {(real.st_dev, real.st_ino)}
+    for name in os.listdir(f"/proc/{pid}/map_files"):
+        try:
+            if os.readlink(f"/proc/{pid}/map_files/{name}").startswith("/memfd:"):
+                continue
+            st = os.stat(f"/proc/{pid}/map_files/{name}")
+        except OSError:
+            continue
+        out.add((st.st_dev, st.st_ino))
+    return out
+
+
+def _mark(w: Path) -> None:
+    """A new phase of the watcher's records."""
+    (w / "mark").touch()
+    while (w / "mark").exists():
+        time.sleep(0.01)
+
+
+def _probe(runtime: list[str], make_bundle, tmp_path, tag: str) -> tuple[list[list[str]], set, str]:
+    w = tmp_path / "w"
+    w.mkdir()
+    subprocess.run(["gcc", "-static", "-O2", "-o", str(w / "watcher"), str(SOURCE)], check=True)
+    watcher = _bundle(make_bundle, tmp_path, "a", ["/w/watcher", "/w/out", "/w/stop", "/w/mark"], ["CAP_SYS_PTRACE"])
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "timeout": 60}
+    a, b = f"watch{tag}{os.getpid()}", f"joined{tag}{os.getpid()}"
+    assert subprocess.run([*runtime, "run", "-d", "-b", str(watcher), a], **quiet).returncode == 0
+    host: set = set()
+    try:
+        while not (w / "out").exists():
+            time.sleep(0.01)
+        init = json.loads(subprocess.run([*runtime, "state", a], capture_output=True, text=True).stdout)["pid"]
+        spellings = [["--cap=CAP_SYS_PTRACE", "true"], ["-c", "CAP_SYS_PTRACE", "true"]]
+        if runtime[0] != "runc":  # (its flag parser has no -cVALUE)
+            spellings.append(["-cCAP_SYS_PTRACE", "true"])
+        for args in (["true"], ["true"], *spellings, ["true"]):
+            r = subprocess.run([*runtime, "exec", *args[:-1], a, args[-1]], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+        _mark(w)
+        # a second container into the watcher's pid namespace: its init waits for start there
+        joined = _bundle(make_bundle, tmp_path, "b", ["true"], ["CAP_KILL"], pid_ns=f"/proc/{init}/ns/pid")
+        assert subprocess.run([*runtime, "create", "-b", str(joined), b], **quiet).returncode == 0
+        binit = json.loads(subprocess.run([*runtime, "state", b], capture_output=True, text=True).stdout)["pid"]
+        host = _host_files(binit)
+        _mark(w)  # created: from here on the init is as it waits for start
+        time.sleep(0.5)
+        subprocess.run([*runtime, "delete", "--force", b], **quiet)
+    finally:
+        (w / "stop").touch()
+        subprocess.run([*runtime, "kill", a, "KILL"], **quiet)
+        time.sleep(0.2)
+        subprocess.run([*runtime, "delete", "--force", a], **quiet)
+        subprocess.run([*runtime, "delete", "--force", b], **quiet)
+        state = subprocess.run([*runtime, "state", b], capture_output=True, text=True).stdout
+    return [line.split() for line in (w / "out").read_text().splitlines()], host, state
+
+
+def _verdict(records: list[list[str]], host_files: set) -> tuple[list, list]:
+    """(the records of processes that are not the container's own programs, the offending
+    ones: a host file that opens for writing or is only busy; the host's root or a
+    directory of its procfs, but in the joined init while it sets up). Phases: 0 the
+    execs, 1 the joined container's create, 2 its init waiting for start."""
+    host_root = os.stat("/")
+    host_proc = os.stat("/proc").st_dev
+    ours, bad, phase = [], [], 0
+    for record in records:
+        if record == ["MARK"]:
+            phase += 1
+            continue
+        pid, comm, link, dev, ino, kind, werr, sealed, ro = record
+        if comm in ("true", "watcher", "sleep"):
+            continue
+        ours.append((pid, comm, link, phase == 2))
+        key = (int(dev), int(ino))
+        writable = kind == "f" and ro == "0" and sealed == "0" and int(werr) in (0, ETXTBSY)
+        gateway = key == (host_root.st_dev, host_root.st_ino) or (key[0] == host_proc and kind == "d")
+        if (key in host_files and writable) or (gateway and phase != 1) or (key[0] == host_proc and writable):
+            bad.append((pid, comm, link, werr, phase))
+    return ours, bad
+
+
+@pytest.mark.parametrize("runtime", ["sandbox", "runc"])
+def test_a_ptrace_capable_container_sees_no_writable_host_file(runtime, make_bundle, tmp_path):
+    cli = [*CLI, "--root", str(tmp_path / "s")] if runtime == "sandbox" else ["runc", "--root", str(tmp_path / "r")]
+    records, host, _ = _probe(cli, make_bundle, tmp_path, runtime[0])
+    ours, bad = _verdict(records, host)
+    assert ours, "the watcher saw none of the runtime's processes: the probe proves nothing"
+    assert any(marked for *_, marked in ours), "the watcher never saw the created init wait for start"
+    assert host, "no host files to compare with"
+    assert not bad, bad
