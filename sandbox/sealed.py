@@ -40,7 +40,7 @@ def may_ptrace(argv: list[str], verb: str) -> bool:
     """Whether the container this command starts or enters may hold CAP_SYS_PTRACE: named in
     its config.json, an exec's --process file or --cap flag. Read as bytes, before anything
     is parsed; an escaped name (\\u...) counts as a yes."""
-    files = []
+    files: list[str | None] = []
     root = "/run/sandbox"
     for i, a in enumerate(argv):
         value = argv[i + 1] if i + 1 < len(argv) else ""
