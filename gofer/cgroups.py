@@ -96,7 +96,7 @@ class _Cgroup:
 
     def missing(self) -> list[str]:
         """The directories create() will make (those not there yet), parents first."""
-        out = []
+        out: list[str] = []
         for d in dict.fromkeys(self.dirs.values()):
             chain = []
             while not os.path.isdir(d):
@@ -443,7 +443,7 @@ def remove_dirs(dirs: list[str], patience: float = 2.0) -> None:
     _rmdir_all([(None, d) for d in sorted(dirs, key=len, reverse=True)], patience)
 
 
-def _rmdir_all(entries: list[tuple[int | None, str]], patience: float) -> None:
+def _rmdir_all(entries: list[tuple[int, str]] | list[tuple[None, str]], patience: float) -> None:
     import time
 
     deadline = time.monotonic() + patience

@@ -15,7 +15,7 @@ from gofer import gpu
 from gofer import syscalls as sc
 from gofer.cgroups import allow_devices
 from gofer.root import Root
-from mounts.actions import Action, Device, ProcFs
+from mounts.actions import AnyAction, Device, ProcFs
 from mounts.errors import SandboxError
 
 
@@ -42,7 +42,7 @@ def join_mount_namespace(pid: int) -> None:
         os.close(fd)
 
 
-def apply_plan(actions: Iterable[Action], rootfs: str, pid: int | None = None) -> int:
+def apply_plan(actions: Iterable[AnyAction], rootfs: str, pid: int | None = None) -> int:
     """Perform ``actions`` inside ``rootfs`` (as the mount namespace sees it); returns how
     many were applied. With ``pid``, first allow the GPU nodes in its device rules (host
     side), then join its mount namespace. On any error, everything already mounted is

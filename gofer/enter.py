@@ -42,7 +42,7 @@ NAMESPACES = (("user", sc.CLONE_NEWUSER), ("ipc", sc.CLONE_NEWIPC), ("uts", sc.C
 
 
 def spawn(init: int, proc: Process, console: socket.socket | None = None, preserve_fds: int = 0,
-          detach: bool = False, seccomp: Seccomp | None = None, cgroups: list[str] = (),
+          detach: bool = False, seccomp: Seccomp | None = None, cgroups: list[str] | tuple[str, ...] = (),
           start_time: int | None = None, personality: Personality | None = None) -> int:
     """Start ``proc`` in the namespaces of ``init``; returns its pid (as the host sees it)
     once it has exec'd. Raises a one-line SandboxError if it could not."""
@@ -115,7 +115,7 @@ def _start_time(pdir: int) -> int | None:
 
 
 def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Seccomp | None,
-           cgroups: list[str], personality: Personality | None, init_pid: int) -> None:
+           cgroups: list[str] | tuple[str, ...], personality: Personality | None, init_pid: int) -> None:
     code = 1
     try:
         prctl.set_dumpable(False)  # as the gofer: see gofer/main.py (CVE-2019-5736)
@@ -141,7 +141,7 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
             if tell_w is not None:  # the pid a seccomp agent needs is the host's: only we see it
                 os.write(tell_w, str(pid).encode())
             os._exit(0)
-        if tell_r is not None:
+        if tell_r is not None and filt is not None:  # (tell_r is only made with a filt)
             filt.pid = int(os.read(tell_r, 32))
             filt.state = {"ociVersion": "1.0.2", "status": "running", "pid": init_pid}
         if console is not None:

@@ -54,8 +54,8 @@ def apply(root: Root, action: A.AnyAction) -> None:
             write_ldcache(root, action)
         case A.ProcFs():
             proc_driver(root, action)
-        case A.Config(data=str()):
-            bind_content(root, action.data.encode(), action.target, action.flags)
+        case A.Config(data=str(content)):
+            bind_content(root, content.encode(), action.target, action.flags)
         case _:
             src, st = open_source(action)
             try:
@@ -162,8 +162,8 @@ def _proc_tmpfs(root: Root, action: A.ProcFs, base: int) -> None:
         if name == "params":
             data = data.replace(b"ModifyDeviceFiles: 1", b"ModifyDeviceFiles: 0")
         out = os.open(name, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o444, dir_fd=tmp)
-        with os.fdopen(out, "wb") as f:
-            f.write(data)
+        with os.fdopen(out, "wb") as w:
+            w.write(data)
     for rel, is_dir in [(f"gpus/{busid}", True) for busid in action.gpus] + [(f, False) for f in action.files]:
         src = _beneath(base, rel, f"{action.target}/{rel}")
         try:

@@ -64,9 +64,9 @@ def set_rlimits(proc: Process) -> None:
     for rl in proc.rlimits:
         which = getattr(resource, rl.type)  # the name was checked when the spec was parsed
         # the spec's 2^64-1 is RLIM_INFINITY, which Python spells -1
-        limits = tuple(resource.RLIM_INFINITY if v == RLIM_MAX else v for v in (rl.soft, rl.hard))
+        soft, hard = (resource.RLIM_INFINITY if v == RLIM_MAX else v for v in (rl.soft, rl.hard))
         try:
-            resource.setrlimit(which, limits)
+            resource.setrlimit(which, (soft, hard))
         except (ValueError, OSError) as e:
             raise ProcessError(f"process.rlimits: {rl.type} soft {rl.soft} hard {rl.hard}: "
                                f"{getattr(e, 'strerror', None) or e}") from None
@@ -273,6 +273,7 @@ def look_up(proc: Process) -> Entry:
     it by fd now, as root, as runc does first: a cwd the user may not search (a 0700 /root)
     is still the process's. Only where root is refused (a cwd the container's user owns on
     a root-squashing mount) does the user try, once it is the user."""
+    cwd: int | None  # None once we are in it (Entry.cwd)
     try:
         cwd = _in_root(proc.cwd, os.O_PATH | os.O_DIRECTORY)
     except OSError as e:

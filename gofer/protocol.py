@@ -139,11 +139,11 @@ def _recv(sock: socket.socket, decoder):
         raise ProtocolError(f"bad frame: {e}") from None
 
 
-def recv_request(sock: socket.socket):
+def recv_request(sock: socket.socket) -> ToGofer | None:
     """The next frame for the gofer, or None at EOF."""
     return _recv(sock, _to_gofer)
 
 
-def recv_reply(sock: socket.socket):
+def recv_reply(sock: socket.socket) -> FromGofer | None:
     """The next frame from the gofer, or None at EOF (the gofer exec'd or died)."""
     return _recv(sock, _from_gofer)

@@ -126,7 +126,7 @@ class Root:
                 try:
                     fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stack[-1])
                 except OSError as e:
-                    raise sc.SyscallError(e.errno, "open (walk)", unsafe_path) from None
+                    raise sc.SyscallError(e.errno, "open (walk)", unsafe_path) from None  # type: ignore[arg-type]  # os.open always sets errno
                 if stat.S_ISLNK(os.fstat(fd).st_mode):
                     os.close(fd)
                     links += 1
@@ -416,7 +416,7 @@ class Root:
             os.symlink(content, name, dir_fd=parent)
         self.created += 1
 
-    def mount_fs(self, fstype: str, source: str, unsafe_path: str, flags: int, data: str | None) -> int:
+    def mount_fs(self, fstype: str | None, source: str | None, unsafe_path: str, flags: int, data: str | None) -> int:
         """Mount a new ``fstype`` on the directory ``unsafe_path``; returns an fd of its root."""
         fd = self.ensure_dir(unsafe_path)
         self.not_the_root(fd, unsafe_path)

@@ -121,6 +121,9 @@ _prctl.restype = ctypes.c_int
 class SyscallError(OSError):
     """An OSError whose message names the operation and its arguments."""
 
+    errno: int  # always set: __init__ passes (err, message) to OSError
+    strerror: str
+
     def __init__(self, err: int, op: str, detail: str):
         super().__init__(err, f"{op} {detail}: {os.strerror(err)}")
         self.op = op

@@ -34,7 +34,7 @@ class _QuickMsgspec:
                 if hide:
                     del sys.modules["typing_extensions"]
 
-        spec.loader.exec_module = exec_hidden
+        spec.loader.exec_module = exec_hidden  # type: ignore[method-assign]  # deliberate one-shot wrap
         return spec
 
 

@@ -23,26 +23,26 @@ class Action(msgspec.Struct, frozen=True, tag_field="kind"):
 
     @property
     def kind(self) -> str:
-        return self.__struct_config__.tag
+        return self.__struct_config__.tag  # type: ignore[return-value]  # every subclass tags with a str
 
 
-class Library(Action, tag="library"):
+class Library(Action, tag="library", frozen=True):
     pass
 
 
-class Binary(Action, tag="binary"):
+class Binary(Action, tag="binary", frozen=True):
     pass
 
 
-class Firmware(Action, tag="firmware"):
+class Firmware(Action, tag="firmware", frozen=True):
     pass
 
 
-class Ipc(Action, tag="ipc"):
+class Ipc(Action, tag="ipc", frozen=True):
     pass
 
 
-class Config(Action, tag="config"):
+class Config(Action, tag="config", frozen=True):
     """A loader's configuration file of the driver's (a Vulkan or EGL ICD, the OpenCL
     vendor file, nvoptix.bin), bound read-only where the loader looks; with ``data``, a file
     of that content (the host's with its library paths made the container's) instead."""
@@ -50,23 +50,23 @@ class Config(Action, tag="config"):
     data: str | None = None
 
 
-class Device(Action, tag="device"):
+class Device(Action, tag="device", frozen=True):
     major: int = 0
     minor: int = 0
 
 
-class Symlink(Action, tag="symlink"):
+class Symlink(Action, tag="symlink", frozen=True):
     """A link at ``target`` whose content is ``source`` (relative, in the same directory)."""
 
 
-class LdCache(Action, tag="ldcache"):
+class LdCache(Action, tag="ldcache", frozen=True):
     """The container's ld.so.cache: the image's own entries plus ``entries``, written by
     the gofer into a private file bound read-only over ``target``."""
 
     entries: tuple[Entry, ...] = ()
 
 
-class ProcFs(Action, tag="procfs"):
+class ProcFs(Action, tag="procfs", frozen=True):
     """A tmpfs at ``target`` with copies of the driver's proc files (``params`` with
     ModifyDeviceFiles set to 0), the selected GPUs' directories and the capability files
     ``files`` (MIG access files, relative to ``source``) bound read-only."""

@@ -35,7 +35,7 @@ class _C(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaul
     pass
 
 
-class DeviceNode(_C):
+class DeviceNode(_C, frozen=True):
     path: str
     host_path: str | None = None
     type: str | None = None
@@ -47,14 +47,14 @@ class DeviceNode(_C):
     gid: int | None = None
 
 
-class Mount(_C):
+class Mount(_C, frozen=True):
     host_path: str
     container_path: str
     type: str | None = None
     options: list[str] = []
 
 
-class Hook(_C):
+class Hook(_C, frozen=True):
     hook_name: str
     path: str
     args: list[str] = []
@@ -62,7 +62,7 @@ class Hook(_C):
     timeout: int | None = None
 
 
-class ContainerEdits(_C):
+class ContainerEdits(_C, frozen=True):
     env: list[str] = []
     device_nodes: list[DeviceNode] = []
     mounts: list[Mount] = []
@@ -71,13 +71,13 @@ class ContainerEdits(_C):
     intel_rdt: Any = None
 
 
-class Device(_C):
+class Device(_C, frozen=True):
     name: str
     container_edits: ContainerEdits
     annotations: dict[str, str] = {}
 
 
-class CdiSpec(_C):
+class CdiSpec(_C, frozen=True):
     cdi_version: str
     kind: str
     devices: list[Device]

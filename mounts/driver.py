@@ -161,7 +161,7 @@ def _version(root: str, dev_root: str, cache: list[ldcache.Entry], resolver: Res
     for e in cache:
         found = _resolve_lib(resolver, e)
         m = _LIB_VERSION_RE.match(found[0].rpartition("/")[2]) if found else None
-        if m:
+        if m and found:
             lib_version, lib_name = m.group(1), found[0]
             break
     text = _text(dev_root, "proc/driver/nvidia/version")

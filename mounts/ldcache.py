@@ -129,7 +129,7 @@ def _exact_key(name: str) -> tuple:
 def sort_entries(entries: list[Entry]) -> list[Entry]:
     """The order ldconfig writes and the loader's binary search expects: descending by
     libcmp, then by flags (stable for full ties, as ldconfig's qsort of unique keys)."""
-    keys = [libcmp_key(e.key) for e in entries]
+    keys: list[bytes | tuple | None] = [libcmp_key(e.key) for e in entries]
     if None in keys:
         keys = [_exact_key(e.key) for e in entries]
     order = sorted(range(len(entries)), key=lambda i: (keys[i], entries[i].flags), reverse=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from typing import TypeGuard
 
 import msgspec
 
@@ -330,7 +331,7 @@ def _fix_json(text: str, fix) -> str | None:
         return None
     if not isinstance(doc, dict):
         return None
-    entries = []
+    entries: list = []
     for key in ("ICD", "layer", "layers"):
         part = doc.get(key)
         entries += part if isinstance(part, list) else [part]
@@ -342,7 +343,7 @@ def _fix_json(text: str, fix) -> str | None:
     return msgspec.json.encode(doc).decode() + "\n" if changed else None
 
 
-def _is_file(path: str | None) -> bool:
+def _is_file(path: str | None) -> TypeGuard[str]:
     return path is not None and os.path.isfile(path) and not os.path.islink(path)
 
 
@@ -424,6 +425,7 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
             if path is not None:
                 yield A.Binary(path, f"{layout.bin}/{name}", A.RO_LIB)
 
+    host: str | None
     for target, host in inventory.firmware.items():
         yield A.Firmware(host, target, A.RO_LIB)
 

@@ -18,14 +18,14 @@ class _S(msgspec.Struct, rename="camel", frozen=True, omit_defaults=True):
     pass
 
 
-class User(_S):
+class User(_S, frozen=True):
     uid: int = 0
     gid: int = 0
     umask: int | None = None
     additional_gids: list[int] = []
 
 
-class Capabilities(_S):
+class Capabilities(_S, frozen=True):
     bounding: list[str] = []
     effective: list[str] = []
     inheritable: list[str] = []
@@ -33,18 +33,18 @@ class Capabilities(_S):
     ambient: list[str] = []
 
 
-class Rlimit(_S):
+class Rlimit(_S, frozen=True):
     type: str
     hard: int
     soft: int
 
 
-class IOPriority(_S):
+class IOPriority(_S, frozen=True):
     class_: str = msgspec.field(name="class")
     priority: int = 0
 
 
-class Scheduler(_S):
+class Scheduler(_S, frozen=True):
     policy: str
     nice: int = 0
     priority: int = 0
@@ -63,7 +63,7 @@ SCHED_FLAGS = {"SCHED_FLAG_RESET_ON_FORK": 0x01, "SCHED_FLAG_RECLAIM": 0x02, "SC
 PERSONALITY_DOMAINS = {"LINUX": 0x0000, "LINUX32": 0x0008}
 
 
-class Process(_S):
+class Process(_S, frozen=True):
     args: Annotated[list[str], msgspec.Meta(min_length=1)]
     cwd: str = "/"
     env: list[str] = []
@@ -89,26 +89,26 @@ class Process(_S):
         return found
 
 
-class Root(_S):
+class Root(_S, frozen=True):
     path: str
     readonly: bool = False
 
 
-class Mount(_S):
+class Mount(_S, frozen=True):
     destination: str
     type: str | None = None
     source: str | None = None
     options: list[str] = []
 
 
-class Hook(_S):
+class Hook(_S, frozen=True):
     path: str
     args: list[str] = []
     env: list[str] = []
     timeout: int | None = None
 
 
-class Hooks(_S):
+class Hooks(_S, frozen=True):
     prestart: list[Hook] = []
     create_runtime: list[Hook] = []
     create_container: list[Hook] = []
@@ -134,12 +134,12 @@ def is_nvidia_hook(hook: Hook) -> bool:
     return name in NVIDIA_HOOKS or (name == "nvidia-ctk" and "hook" in hook.args[1:2])
 
 
-class Namespace(_S):
+class Namespace(_S, frozen=True):
     type: str
     path: str | None = None
 
 
-class Device(_S):
+class Device(_S, frozen=True):
     path: str
     type: str
     major: int | None = None
@@ -156,14 +156,14 @@ SECCOMP_OPS = ("SCMP_CMP_NE", "SCMP_CMP_LT", "SCMP_CMP_LE", "SCMP_CMP_EQ", "SCMP
 SECCOMP_FLAGS = ("SECCOMP_FILTER_FLAG_TSYNC", "SECCOMP_FILTER_FLAG_LOG", "SECCOMP_FILTER_FLAG_SPEC_ALLOW")
 
 
-class SeccompArg(_S):
+class SeccompArg(_S, frozen=True):
     index: int
     op: str
     value: int = 0
     value_two: int = 0
 
 
-class SeccompSyscall(_S):
+class SeccompSyscall(_S, frozen=True):
     names: list[str]
     action: str
     errno_ret: int | None = None
@@ -174,7 +174,7 @@ class SeccompSyscall(_S):
     excludes: Any = None
 
 
-class Seccomp(_S):
+class Seccomp(_S, frozen=True):
     default_action: str
     default_errno_ret: int | None = None
     architectures: list[str] = []
@@ -184,7 +184,7 @@ class Seccomp(_S):
     syscalls: list[SeccompSyscall] = []
 
 
-class DeviceRule(_S):
+class DeviceRule(_S, frozen=True):
     allow: bool
     type: str | None = None  # a (all), c, b; None means all
     major: int | None = None  # None: any (*)
@@ -192,7 +192,7 @@ class DeviceRule(_S):
     access: str | None = None  # some of r, w, m; None means rwm
 
 
-class Memory(_S):
+class Memory(_S, frozen=True):
     limit: int | None = None
     reservation: int | None = None
     swap: int | None = None
@@ -202,7 +202,7 @@ class Memory(_S):
     disable_oom_killer: bool | None = msgspec.field(default=None, name="disableOOMKiller")
 
 
-class Cpu(_S):
+class Cpu(_S, frozen=True):
     shares: int | None = None
     quota: int | None = None
     period: int | None = None
@@ -212,24 +212,24 @@ class Cpu(_S):
     mems: str | None = None
 
 
-class Pids(_S):
+class Pids(_S, frozen=True):
     limit: int
 
 
-class WeightDevice(_S):
+class WeightDevice(_S, frozen=True):
     major: int
     minor: int
     weight: int | None = None
     leaf_weight: int | None = None
 
 
-class ThrottleDevice(_S):
+class ThrottleDevice(_S, frozen=True):
     major: int
     minor: int
     rate: int = 0
 
 
-class BlockIO(_S):
+class BlockIO(_S, frozen=True):
     weight: int | None = None
     leaf_weight: int | None = None
     weight_device: list[WeightDevice] = []
@@ -239,27 +239,27 @@ class BlockIO(_S):
     throttle_write_iops_device: list[ThrottleDevice] = msgspec.field(default=[], name="throttleWriteIOPSDevice")
 
 
-class HugepageLimit(_S):
+class HugepageLimit(_S, frozen=True):
     page_size: str
     limit: int
 
 
-class InterfacePriority(_S):
+class InterfacePriority(_S, frozen=True):
     name: str
     priority: int
 
 
-class Network(_S):
+class Network(_S, frozen=True):
     class_id: int | None = msgspec.field(default=None, name="classID")
     priorities: list[InterfacePriority] = []
 
 
-class Rdma(_S):
+class Rdma(_S, frozen=True):
     hca_handles: int | None = None
     hca_objects: int | None = None
 
 
-class Resources(_S):
+class Resources(_S, frozen=True):
     devices: list[DeviceRule] = []
     memory: Memory | None = None
     cpu: Cpu | None = None
@@ -271,18 +271,18 @@ class Resources(_S):
     unified: dict[str, str] | None = None
 
 
-class IDMapping(_S):
+class IDMapping(_S, frozen=True):
     container_id: int = msgspec.field(name="containerID")
     host_id: int = msgspec.field(name="hostID")
     size: int
 
 
-class Personality(_S):
+class Personality(_S, frozen=True):
     domain: str
     flags: list[str] = []
 
 
-class Linux(_S):
+class Linux(_S, frozen=True):
     namespaces: list[Namespace] = []
     devices: list[Device] = []
     masked_paths: list[str] = []
@@ -300,7 +300,7 @@ class Linux(_S):
     personality: Personality | None = None
 
 
-class Spec(_S):
+class Spec(_S, frozen=True):
     oci_version: str
     root: Root
     process: Process | None = None

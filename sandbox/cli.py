@@ -7,6 +7,11 @@ from __future__ import annotations
 import os
 import sys
 
+TYPE_CHECKING = False  # typing's flag without importing typing (start-up time); mypy reads it as True
+if TYPE_CHECKING:
+    import types
+    from typing import Any
+
 VERSION = "0.1.0"
 DEFAULT_ROOT = "/run/sandbox"
 
@@ -228,10 +233,11 @@ LEAN_FLAGS = {"start": {}, "state": {}, "kill": {"-a": "all", "--all": "all"},
               "run": {**_CREATE, "-d": "detach", "--detach": "detach", "--keep": "keep", "--id": "id"}}
 _CREATE_DEFAULTS = {"bundle": None, "pid_file": None, "console_socket": None, "preserve_fds": 0, "no_pivot": False,
                     "no_new_keyring": False, "trace": None, "scratch_size": None, "gpus": None, "capabilities": None}
-LEAN_DEFAULTS = {"start": {}, "state": {}, "kill": {"all": False, "signal": "TERM"}, "delete": {"force": False},
-                 "list": {"quiet": False, "format": "table"}, "ps": {"format": "table"},
-                 "create": _CREATE_DEFAULTS,
-                 "run": {**_CREATE_DEFAULTS, "detach": False, "keep": False, "id": None}}
+LEAN_DEFAULTS: dict[str, dict[str, Any]] = {
+    "start": {}, "state": {}, "kill": {"all": False, "signal": "TERM"}, "delete": {"force": False},
+    "list": {"quiet": False, "format": "table"}, "ps": {"format": "table"},
+    "create": _CREATE_DEFAULTS,
+    "run": {**_CREATE_DEFAULTS, "detach": False, "keep": False, "id": None}}
 LEAN_GLOBALS = {"--root": "root", "--log": "log", "--log-format": "log_format", "--driver-root": "driver_root",
                 "--dev-root": "dev_root", "--config": "config", "--debug": "debug",
                 "--systemd-cgroup": "systemd_cgroup"}
@@ -249,8 +255,9 @@ def lean_args(argv: list[str]):
     result is the namespace that parser gives (tests/sandbox/test_cli.py compares them)."""
     import types
 
-    ns = {"root": None, "log": None, "log_format": "text", "debug": False, "config": None, "driver_root": None,
-          "dev_root": None, "systemd_cgroup": False, "cdi_spec_dir": [], "criu": None, "rootless": None}
+    ns: dict[str, Any] = {"root": None, "log": None, "log_format": "text", "debug": False, "config": None,
+                          "driver_root": None, "dev_root": None, "systemd_cgroup": False, "cdi_spec_dir": [],
+                          "criu": None, "rootless": None}
     positional: list[str] = []
     verb = None
     i = 0
@@ -382,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         _resolve(args)
+        mod: types.ModuleType  # the verb's module: each has main(args), run's and create's main(args, gofer)
         if args.verb == "plan":
             from sandbox import plan_cmd as mod
         elif args.verb == "run":

@@ -34,7 +34,7 @@ def spawn_gofer() -> Gofer:
         ours.close()
         from gofer.main import serve
 
-        serve(theirs, t0, me)  # never returns
+        serve(theirs, t0, me)  # type: ignore[arg-type]  # never returns; a _socket.socket (socket.socket's base) has all serve uses
     theirs.close()
     return Gofer((pid, ours, t0, warm_cgroup_lock()))
 

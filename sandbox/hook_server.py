@@ -226,7 +226,7 @@ def _handle(conn) -> int:
 
     t = time.monotonic()
     os.environ.clear()  # the hook's environment, which is PATH alone (hook_cmd.HOOK_ENV)
-    os.environ.update(item.split("=", 1) for item in hook_cmd.HOOK_ENV)
+    os.environ.update(item.partition("=")[::2] for item in hook_cmd.HOOK_ENV)  # (each has an =)
     code, error, cid = 1, "", "?"
     try:
         request = loads(conn.recv(MAX_REQUEST).decode())

@@ -18,7 +18,7 @@ class _Context:  # what _json.make_scanner reads off json.JSONDecoder
     memo: dict = {}
 
 
-_scan = _json.make_scanner(_Context())
+_scan = _json.make_scanner(_Context())  # type: ignore[arg-type]  # typeshed wants a make_scanner; _json reads only the attributes
 _string = _json.encode_basestring_ascii
 _WS = " \t\n\r"
 

@@ -8,9 +8,14 @@ import signal
 import socket
 import sys
 import time
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from sandbox.fork import Gofer
+
+if TYPE_CHECKING:  # imported where used, for start-up time
+    from gofer.spans import Span
+    from mounts.spec import Hooks
+    from sandbox.state import State
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -64,9 +69,9 @@ def options(args, detached: bool, foreground: bool) -> Options:
 
 class Launched(NamedTuple):
     pid: int  # the init, as the host sees it
-    spans: list  # the gofer's
-    state: object  # sandbox.state.State as written
-    hooks: object  # the bundle's Hooks we run (mounts.spec.Hooks) or None
+    spans: list[Span]  # the gofer's
+    state: State  # as written
+    hooks: Hooks | None  # the bundle's Hooks we run
     trace: str | None  # where to write the startup trace: --trace, else the bundle's annotation
 
 
@@ -164,6 +169,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
             failure = _gofer_died(gofer.pid)
         if failure is not None:
             raise failure
+        assert ready is not None  # (failure is set whenever ready is not)
         state = _state(opts, ready.pid, bundle, spec, hooks, cgroup)
         if not opts.detached:  # (a detached init's state was written before its Resume)
             sd.write(state)
@@ -274,6 +280,7 @@ def _cgroup(spec, opts: Options, gofer: int, sd):
 def _stream_plan(sock, request, bundle, opts: Options, spans, cgroup=None) -> None:
     """Discover the driver and send each action of the plan the moment it is known."""
     from gofer import protocol
+    from mounts.actions import Device
     from mounts.driver import discover
     from mounts.plan import iter_plan, layout_of
 
@@ -283,7 +290,7 @@ def _stream_plan(sock, request, bundle, opts: Options, spans, cgroup=None) -> No
     t = time.monotonic_ns()
     n = 0
     for action in iter_plan(request, inventory, layout):
-        if cgroup is not None and action.kind == "device":
+        if cgroup is not None and isinstance(action, Device):
             cgroup.allow(action.major, action.minor)  # before the gofer binds it
         protocol.send(sock, action)
         n += 1

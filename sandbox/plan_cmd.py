@@ -6,6 +6,7 @@ import sys
 
 import msgspec
 
+from mounts.actions import LdCache
 from sandbox.api import plan_bundle
 
 
@@ -23,7 +24,7 @@ def main(args) -> int:
               f"GPUs: {', '.join(f'{g.index}:{g.busid}' for g in plan.gpus) or 'none'}"
               + "".join(f"; MIG: {', '.join(f'gpu{m.minor}/gi{m.gi}/ci{m.ci}' for m in plan.migs)}" for _ in plan.migs[:1])
               + "\n")
-    rows = [(a.kind, a.target, a.source if a.kind != "ldcache" else f"{len(a.entries)} entries",
+    rows = [(a.kind, a.target, a.source if not isinstance(a, LdCache) else f"{len(a.entries)} entries",
              ",".join(a.flags)) for a in plan.actions]
     widths = [max(len(r[i]) for r in rows + [("KIND", "TARGET", "SOURCE", "FLAGS")]) for i in range(3)]
     for r in [("KIND", "TARGET", "SOURCE", "FLAGS")] + rows:

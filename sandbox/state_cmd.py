@@ -57,7 +57,7 @@ def parse_signal(value: str) -> int:
     name = value.upper()
     if name.isascii() and name.isdigit() and len(name) <= 2 and 0 < int(name) <= 64:
         return int(name)
-    import _signal
+    import _signal  # type: ignore[import-not-found]  # signal's C module: no typeshed stub
 
     signum = getattr(_signal, name if name.startswith("SIG") else "SIG" + name, None)
     if not isinstance(signum, int) or isinstance(signum, bool) or signum not in _signal.valid_signals():

@@ -26,7 +26,7 @@ class Trace(msgspec.Struct):
 
 def write_trace(path: str, spans: list[Span]) -> None:
     origin = min((s.start_ns for s in spans), default=0)
-    names = {}
+    names: dict[int, str] = {}
     for s in spans:
         names.setdefault(s.pid, "sandbox supervisor" if not names else "sandbox gofer")
     events = [Event("process_name", "M", pid, args={"name": name}) for pid, name in names.items()]
@@ -50,7 +50,7 @@ def read_trace(path: str) -> list[Event]:
 def top_level(events: list[Event]) -> list[Event]:
     """Spans not nested inside another span of the same process, by start time."""
     spans = sorted((e for e in events if e.ph == "X"), key=lambda e: (e.ts, -(e.dur or 0)))
-    out = []
+    out: list[Event] = []
     for e in spans:
         # nested: starts inside o (an instant at o's very end, like exec, is not) and ends in it
         if not any(o.pid == e.pid and o.ts <= e.ts < o.ts + (o.dur or 0)
