@@ -105,6 +105,18 @@ class _Cgroup:
             out += reversed(chain)
         return out
 
+    def members(self) -> list[int]:
+        """The processes already in the directories that exist (a cgroupsPath naming a
+        cgroup someone else made)."""
+        pids: set[int] = set()
+        for d in dict.fromkeys(self.dirs.values()):
+            try:
+                with open(os.path.join(d, "cgroup.procs")) as f:
+                    pids.update(int(p) for p in f.read().split())
+            except OSError:
+                pass
+        return sorted(pids)
+
     def _mkdirs(self, d: str) -> list[str]:
         made = []
         for m in [m for m in self.missing() if m == d or d.startswith(m + "/")]:

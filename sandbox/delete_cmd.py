@@ -26,12 +26,15 @@ def main(args) -> int:
     status = sd.status(state)
     if status != "stopped" and not args.force:
         raise SandboxError(f"cannot delete container {state.id!r} that is not stopped: {status}")
-    if status != "stopped":
-        from sandbox.state_cmd import signal_all
+    if status != "stopped" or not state.pid_ns_own:
+        # without a pid namespace of its own, what the container left running in its cgroup
+        # outlives its init: killed too, as runc's destroy does
+        from sandbox.state_cmd import container_pids, signal_all
 
         signal_all(state, 9)  # SIGKILL
         deadline = time.monotonic() + 10
-        while start_time(state.pid) == state.start_time:
+        while start_time(state.pid) == state.start_time or (
+            not state.pid_ns_own and any(start_time(p) is not None for p in container_pids(state))):
             if time.monotonic() > deadline:
                 raise SandboxError(f"container {state.id!r}: pid {state.pid} did not die after SIGKILL")
             time.sleep(0.002)

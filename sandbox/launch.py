@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -213,8 +212,16 @@ def _cdi(spec, opts: Options):
     names, _ = cdi.requests_of(spec.annotations, spec.process.getenv("NVIDIA_VISIBLE_DEVICES"))
     spec, warnings = cdi.apply(spec, names, [*cdi.SPEC_DIRS, *opts.cdi_spec_dirs])
     for w in warnings:
-        print(f"sandbox: warning: {w}", file=sys.stderr)
+        warn(w)
     return spec
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr, which may be closed or read-only under an engine."""
+    try:
+        os.write(2, f"sandbox: warning: {message}\n".encode(errors="replace"))
+    except OSError:
+        pass
 
 
 def _annotated_trace(value: str | None, opts: Options) -> str | None:
@@ -239,7 +246,12 @@ def _state(opts: Options, pid: int, bundle, spec, hooks, cgroup):
     from sandbox.state import new_state
 
     return new_state(opts.cid, pid, bundle.path, bundle.rootfs, spec.annotations, creating=False,
-                     foreground=opts.foreground, hooks=hooks, cgroup=cgroup)
+                     foreground=opts.foreground, hooks=hooks, cgroup=cgroup, pid_ns_own=_own_pid_ns(spec))
+
+
+def _own_pid_ns(spec) -> bool:
+    """Whether the container gets a pid namespace of its own (not joined, not the host's)."""
+    return any(ns.type == "pid" and not ns.path for ns in spec.linux.namespaces)
 
 
 def _cgroup(spec, opts: Options, gofer: int, sd):
@@ -266,6 +278,16 @@ def _cgroup(spec, opts: Options, gofer: int, sd):
         return None
     state = new_state(opts.cid, gofer, opts.bundle, foreground=opts.foreground, cgroup=cgroup)
     state.cgroup_created = cgroup.missing()
+    found = cgroup.members()
+    if found:
+        # Not ours: `kill --all` and `delete --force` signal the container's processes only
+        # (those of its own pid namespace), which cannot be told apart from these without one.
+        where = next(d for d in cgroup.dirs.values() if d not in state.cgroup_created)
+        if not _own_pid_ns(spec):
+            raise SandboxError(f"linux.cgroupsPath: {where} already has {len(found)} process(es) and the "
+                               "container has no pid namespace of its own: refusing to share the cgroup")
+        warn(f"linux.cgroupsPath: {where} is not empty: {len(found)} process(es) found (they are not the "
+             "container's: kill --all and delete --force leave them)")
     sd.write(state)
     try:
         cgroup.create()

@@ -28,12 +28,13 @@ class State:
     """What state.json holds; ``status`` is derived when it is loaded."""
 
     FIELDS = ("id", "pid", "bundle", "rootfs", "created", "owner", "annotations", "start_time", "creating",
-              "foreground", "poststart", "poststop", "cgroup", "cgroup_created")
+              "foreground", "poststart", "poststop", "cgroup", "cgroup_created", "pid_ns", "pid_ns_own")
 
     def __init__(self, id: str, pid: int, bundle: str, rootfs: str = "", created: str = "", owner: str = "",
                  annotations: dict | None = None, start_time: int = 0, creating: bool = False,
                  foreground: bool = False, poststart: list | None = None, poststop: list | None = None,
-                 cgroup: list | None = None, cgroup_created: list | None = None):
+                 cgroup: list | None = None, cgroup_created: list | None = None, pid_ns: int = 0,
+                 pid_ns_own: bool = False):
         self.id, self.pid, self.bundle, self.rootfs, self.created, self.owner = id, pid, bundle, rootfs, created, owner
         self.annotations = annotations or {}
         self.start_time = start_time  # clock ticks after boot, /proc/PID/stat field 22
@@ -43,6 +44,8 @@ class State:
         self.poststop = poststop or []  # ... and for delete
         self.cgroup = cgroup or []  # the container's cgroup directories (one per controller)
         self.cgroup_created = cgroup_created or []  # those we made: delete removes them
+        self.pid_ns = pid_ns  # the init's pid namespace (inode; 0: not known)
+        self.pid_ns_own = pid_ns_own  # made for it: every process in it is the container's
         self.status = "creating"
 
     def to_json(self) -> str:
@@ -188,7 +191,8 @@ class StateDir:
 
 
 def new_state(cid: str, pid: int, bundle: str, rootfs: str = "", annotations: dict | None = None,
-              creating: bool = True, foreground: bool = False, hooks=None, cgroup=None) -> State:
+              creating: bool = True, foreground: bool = False, hooks=None, cgroup=None,
+              pid_ns_own: bool = False) -> State:
     """``hooks``: the bundle's mounts.spec.Hooks we run (poststart and poststop are kept)."""
     now = time.time_ns()
     created = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now // 10**9)) + f".{now % 10**9:09d}Z"
@@ -199,8 +203,12 @@ def new_state(cid: str, pid: int, bundle: str, rootfs: str = "", annotations: di
         kept = {stage: msgspec.to_builtins(getattr(hooks, stage)) for stage in ("poststart", "poststop")}
     if cgroup is not None:
         kept.update(cgroup=list(dict.fromkeys(cgroup.dirs.values())), cgroup_created=list(cgroup.created))
+    try:
+        pid_ns = os.stat(f"/proc/{pid}/ns/pid").st_ino if not creating else 0
+    except OSError:
+        pid_ns = 0
     return State(cid, pid, bundle, rootfs, created, "", dict(annotations or {}), start_time(pid) or 0,
-                 creating, foreground, **kept)
+                 creating, foreground, pid_ns=pid_ns, pid_ns_own=pid_ns_own, **kept)
 
 
 def list_states(root: str) -> list[State]:

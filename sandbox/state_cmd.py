@@ -8,7 +8,7 @@ import sys
 
 from mounts.errors import SandboxError
 from sandbox import jsonlite
-from sandbox.state import State, StateDir, list_states
+from sandbox.state import State, StateDir, list_states, start_time
 
 
 def main(args) -> int:
@@ -18,11 +18,11 @@ def main(args) -> int:
     if args.verb == "state":
         sys.stdout.write(jsonlite.dumps(state.public(), indent=2) + "\n")
     elif args.verb == "kill":
-        if state.status == "stopped":
-            raise SandboxError(f"container {state.id!r} is not running")
         signum = parse_signal(args.signal)
-        if args.all:
+        if args.all:  # a stopped container too, as runc: what it left in its cgroup
             signal_all(state, signum)
+        elif state.status == "stopped":
+            raise SandboxError(f"container {state.id!r} is not running")
         else:
             os.kill(state.pid, signum)
     else:  # ps
@@ -66,34 +66,47 @@ def parse_signal(value: str) -> int:
 
 
 def container_pids(state: State) -> list[int]:
-    """Every process of the container: its cgroup's members (exec'd ones included, pid
-    namespace or not), else those of the init's own pid namespace, else just the init."""
-    if state.cgroup:
-        try:
-            with open(os.path.join(state.cgroup[0], "cgroup.procs")) as f:
-                return sorted(int(p) for p in f.read().split())
-        except OSError:
-            pass  # the cgroup is gone: the pid namespace tells
-    try:
-        ns = os.stat(f"/proc/{state.pid}/ns/pid").st_ino
-        own = ns != os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return []
-    if not own:
-        return [state.pid]
-    pids = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if os.stat(f"/proc/{name}/ns/pid").st_ino == ns:
-                    pids.append(int(name))
-            except OSError:
-                pass
+    """Every process of the container, and never one that is not: with a pid namespace of
+    its own, the processes in it (the cgroup's members in it, else a walk of /proc: a
+    cgroupsPath may name a cgroup with the host's processes in it); with a joined or the
+    host's one, the cgroup's members (in that namespace), else just the init."""
+    alive = start_time(state.pid) == state.start_time
+    ns = state.pid_ns or (_pid_ns(state.pid) if alive else None)
+    if state.pid_ns_own and not alive:
+        return []  # the kernel killed every process of the namespace with its init
+    members = _members(state.cgroup)
+    if ns is None:  # (a state of an older version: no namespace recorded, init gone)
+        return members or []
+    if members is not None:
+        pids = [p for p in members if _pid_ns(p) == ns]
+    elif state.pid_ns_own:
+        pids = [int(n) for n in os.listdir("/proc") if n.isdigit() and _pid_ns(int(n)) == ns]
+    else:
+        pids = []
+    if alive and state.pid not in pids:
+        pids.append(state.pid)
     return sorted(pids)
 
 
+def _members(dirs: list[str]) -> list[int] | None:
+    for d in dirs[:1]:
+        try:
+            with open(os.path.join(d, "cgroup.procs")) as f:
+                return [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+    return None
+
+
+def _pid_ns(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
 def signal_all(state: State, signum: int) -> None:
-    for pid in container_pids(state) or [state.pid]:
+    for pid in container_pids(state):
         try:
             os.kill(pid, signum)
         except ProcessLookupError:

@@ -291,3 +291,61 @@ def test_a_hierarchy_reached_through_a_symlink(make_bundle, tmp_path):
                        text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.split() == ["512", "1"], (r.stdout, r.stderr)
     assert not os.path.exists(f"/sys/fs/cgroup/cpu/{rel}") and not os.path.exists(f"/sys/fs/cgroup/memory/{rel}")
+
+
+@pytest.fixture
+def occupied_cgroup():
+    """A cgroup someone else made, with a host process in it: (its path relative to the
+    hierarchies, the process)."""
+    rel = f"sandbox-occupied-{os.getpid()}"
+    dirs = [os.path.join("/sys/fs/cgroup", c, rel) for c in ("memory", "pids", "devices")]
+    host = subprocess.Popen(["sleep", "300"])
+    for d in dirs:
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "cgroup.procs"), "w") as f:
+            f.write(str(host.pid))
+    yield rel, host
+    host.kill()
+    host.wait()
+    for d in dirs:
+        for _ in range(100):
+            try:
+                os.rmdir(d)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.02)
+
+
+def test_a_cgroup_with_host_processes_is_not_the_containers(occupied_cgroup, make_bundle, tmp_path):
+    """cgroupsPath naming an existing cgroup that has a host process in it: a warning, and
+    kill --all and delete --force signal the container's own pid namespace, never the host's
+    process. Without a pid namespace of its own, the container is refused in one line."""
+    rel, host = occupied_cgroup
+    bundle = make_bundle(["sleep", "300"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"]["cgroupsPath"] = "/" + rel
+    (bundle / "config.json").write_text(json.dumps(spec))
+    root = tmp_path / "s"
+    cli = [sys.executable, "-m", "sandbox.cli", "--root", str(root)]
+    with open(tmp_path / "log", "w") as log:
+        r = subprocess.run([*cli, "run", "-d", "-b", str(bundle), "occ"], stdin=subprocess.DEVNULL, stdout=log,
+                           stderr=log, timeout=60)
+    assert r.returncode == 0, (tmp_path / "log").read_text()
+    assert "is not empty: 1 process(es) found" in (tmp_path / "log").read_text()
+    try:
+        ps = subprocess.run([*cli, "ps", "--format", "json", "occ"], capture_output=True, text=True, timeout=60)
+        assert host.pid not in json.loads(ps.stdout) and len(json.loads(ps.stdout)) == 1, ps.stdout
+        assert subprocess.run([*cli, "kill", "--all", "occ", "KILL"], timeout=60).returncode == 0
+        assert subprocess.run([*cli, "delete", "--force", "occ"], timeout=60).returncode == 0
+        assert host.poll() is None, "the host's process was killed"
+    finally:
+        subprocess.run([*cli, "delete", "--force", "occ"], timeout=60)
+    spec["linux"]["namespaces"] = [ns for ns in spec["linux"]["namespaces"] if ns["type"] != "pid"]
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = subprocess.run([*cli, "run", "-d", "-b", str(bundle), "occ2"], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=60)
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "already has 1 process(es)" in r.stderr and not (root / "occ2").exists()
+    assert host.poll() is None
