@@ -42,15 +42,80 @@ def join_mount_namespace(pid: int) -> None:
         os.close(fd)
 
 
+APPLIED = "/run/gpu-sandbox/applied"  # a file per container set up: <mnt ns>-<pid>-<start time>
+LOCK_PATIENCE = 60.0  # s to wait for another setup of the same container
+
+
+class _Claim:
+    """One setup of a container at a time (two hooks of the same container, a hook and the
+    API): an flock on its mount namespace, held until we are done, which also goes with the
+    namespace. Whether it was set up already is a file under APPLIED naming the namespace
+    and the init's pid and start time (never a recycled one's); stale ones are pruned."""
+
+    def __init__(self, pid: int):
+        import fcntl
+        import time
+
+        from mounts.proc import start_time
+
+        self.fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        deadline = time.monotonic() + LOCK_PATIENCE
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(self.fd)
+                    raise SandboxError(f"pid {pid}: another GPU setup of this container has held it for "
+                                       f"{LOCK_PATIENCE:.0f} s") from None
+                time.sleep(0.005)
+        self.name = f"{os.fstat(self.fd).st_ino}-{pid}-{start_time(pid)}"
+        self.done = os.path.exists(os.path.join(APPLIED, self.name))
+
+    def record(self) -> None:
+        from mounts.proc import start_time
+
+        os.makedirs(APPLIED, mode=0o700, exist_ok=True)
+        for name in os.listdir(APPLIED):  # containers gone since
+            _, _, rest = name.partition("-")
+            pid, _, start = rest.partition("-")
+            if not pid.isdigit() or str(start_time(int(pid))) != start:
+                try:
+                    os.unlink(os.path.join(APPLIED, name))
+                except FileNotFoundError:
+                    pass
+        os.close(os.open(os.path.join(APPLIED, self.name), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+
+    def release(self) -> None:
+        os.close(self.fd)
+
+
 def apply_plan(actions: Iterable[AnyAction], rootfs: str, pid: int | None = None) -> int:
     """Perform ``actions`` inside ``rootfs`` (as the mount namespace sees it); returns how
     many were applied. With ``pid``, first allow the GPU nodes in its device rules (host
-    side), then join its mount namespace. On any error, everything already mounted is
-    detached again, the device rules are put back, and the error is raised."""
+    side), then join its mount namespace; a container set up already (by a second hook
+    running at the same time or later) is left as it is: 0. On any error, everything
+    already mounted is detached again, the device rules are put back, and the error is
+    raised."""
     actions = list(actions)
+    if pid is None:
+        return _apply(actions, rootfs, None)
+    check_mount_namespace(pid)  # first: a stale pid must not get GPU nodes in anyone's cgroup
+    claim = _Claim(pid)
+    try:
+        if claim.done:
+            return 0
+        n = _apply(actions, rootfs, pid)
+        claim.record()
+        return n
+    finally:
+        claim.release()
+
+
+def _apply(actions: list[AnyAction], rootfs: str, pid: int | None) -> int:
     undo_devices = None
     if pid is not None:
-        check_mount_namespace(pid)  # first: a stale pid must not get GPU nodes in anyone's cgroup
         undo_devices = allow_devices(pid, [(a.major, a.minor) for a in actions if isinstance(a, Device)])
         try:
             join_mount_namespace(pid)

@@ -31,6 +31,7 @@ from gofer import process
 from gofer import syscalls as sc
 from gofer.seccomp import compile_filter
 from mounts.errors import SandboxError
+from mounts.proc import start_time as _start_time
 from mounts.spec import Personality, Process, Seccomp
 
 # user first: in it we hold the privileges over the namespaces it owns, and no other (so the
@@ -59,7 +60,7 @@ def spawn(init: int, proc: Process, console: socket.socket | None = None, preser
                     fds.append((os.open(f"ns/{name}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=pdir), flag, name))
                 elif name == "mnt":
                     raise SandboxError(f"pid {init} shares our mount namespace: it is not the container's init")
-            if start_time is not None and _start_time(pdir) != start_time:
+            if start_time is not None and _start_time(init, pdir) != start_time:
                 raise SandboxError(f"pid {init} is no longer the container's init")
         finally:
             os.close(pdir)
@@ -102,18 +103,6 @@ def spawn(init: int, proc: Process, console: socket.socket | None = None, preser
     return pid
 
 
-def _start_time(pdir: int) -> int | None:
-    try:
-        fd = os.open("stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=pdir)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, 4096)
-    finally:
-        os.close(fd)
-    return int(data[data.rfind(b")") + 2:].split()[19])
-
-
 def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Seccomp | None,
            cgroups: list[str] | tuple[str, ...], personality: Personality | None, init_pid: int) -> None:
     code = 1
@@ -133,7 +122,11 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
         for fd, flag, name in fds:
             sc.setns(fd, flag, what=f"the container's {name} namespace")
             os.close(fd)
-        sc.leave_host_proc()  # G is the container's to see from its fork on
+        # what the process takes from the image, read as root (and the cwd entered, which G
+        # inherits) while our procfs is the host's: G is the container's to see from its
+        # fork on, and must not have it
+        entry = process.look_up(proc)
+        sc.leave_host_proc()
         tell_r, tell_w = os.pipe2(os.O_CLOEXEC) if filt is not None and filt.listener else (None, None)
         pid = os.fork()
         if pid:
@@ -146,7 +139,6 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
             filt.state = {"ociVersion": "1.0.2", "status": "running", "pid": init_pid}
         if console is not None:
             process.open_console(console, proc)
-        entry = process.look_up(proc)
         process.set_scheduling(proc, personality, "late")  # SCHED_DEADLINE, which forbids our fork
         process.become(proc, filt)
         process.exec_process(proc, entry, pdeathsig=False, seccomp=filt)

@@ -287,10 +287,6 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             socket.sethostname(spec.hostname)
         rootfs.propagate_root(spec)
     root.close()
-    # Ready makes us visible to the container's other processes (exec's), in a joined pid
-    # namespace we were from the fork (as runc's init is, its root the host's until
-    # pivot_root): no fd of ours may lead to the host from here on.
-    sc.leave_host_proc()
 
     proc = spec.process
     if console is not None:
@@ -301,6 +297,10 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             process.set_rlimits(proc)
         process.set_scheduling(proc, spec.linux.personality, "late" if in_userns else "all")
         process.become(proc, filt)
+    # Ready makes us visible to the container's other processes (exec's), in a joined pid
+    # namespace we were from the fork (as runc's init is, its root the host's until
+    # pivot_root): no fd of ours may lead to the host from here on.
+    sc.leave_host_proc()
     spans.add("exec", time.monotonic_ns())
     if start.detached:
         prctl.set_pdeathsig(0)  # before Ready: the supervisor exits as soon as it reads it

@@ -189,12 +189,19 @@ def connect_console(path: str) -> socket.socket:
     """The --console-socket, connected while its host path is still visible (before any
     namespace is joined or the root moves)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    # a deadline on every wait: a listener whose queue is full refuses at once (EAGAIN, as
+    # runc fails), one that never reads the pty's fd holds us CONSOLE_TIMEOUT at most
+    s.settimeout(CONSOLE_TIMEOUT)
     try:
         s.connect(path)
     except OSError as e:
         s.close()
-        raise ProcessError(f"--console-socket {path}: cannot connect: {e.strerror}", op="connect", path=path) from None
+        why = e.strerror or "timed out"
+        raise ProcessError(f"--console-socket {path}: cannot connect: {why}", op="connect", path=path) from None
     return s
+
+
+CONSOLE_TIMEOUT = 10.0  # s
 
 
 def open_console(console: socket.socket, proc: Process) -> None:
@@ -213,6 +220,9 @@ def open_console(console: socket.socket, proc: Process) -> None:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
     try:
         socket.send_fds(console, [b"/dev/ptmx"], [master])
+    except OSError as e:
+        raise ProcessError(f"--console-socket: cannot send the terminal: {e.strerror or 'timed out'}",
+                           op="sendmsg", path="--console-socket") from None
     finally:
         os.close(master)
         console.close()

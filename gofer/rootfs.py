@@ -296,7 +296,7 @@ def make_devices(root: Root, devices: list[Device], bind: bool = False) -> None:
     root.not_the_root(dev, "/dev")
     dev = root.writable(dev, "/dev")
     wanted = [("/dev/" + n, "c", ma, mi, 0o666, 0, 0) for n, ma, mi in DEFAULT_DEVICES]
-    wanted += [(d.path, d.type, d.major or 0, d.minor or 0, d.file_mode if d.file_mode is not None else 0o666,
+    wanted += [(d.path, d.type, d.major or 0, d.minor or 0, d.file_mode & 0o7777 if d.file_mode is not None else 0o666,
                 d.uid or 0, d.gid or 0) for d in devices]
     for path, kind, major, minor, mode, uid, gid in wanted:
         head, _, name = path.rpartition("/")

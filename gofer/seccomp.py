@@ -78,7 +78,9 @@ def compile_filter(spec: Seccomp) -> Filter:
         for flag in spec.flags:
             filt.set_attr(FLAGS[flag], 1)
         for arch in spec.architectures:
-            filt.add_arch(arch.lower().removeprefix("scmp_arch_"))
+            if not filt.add_arch(arch.lower().removeprefix("scmp_arch_")):
+                raise SandboxError(f"linux.seccomp.architectures: {arch!r} is not known to this libseccomp",
+                                   code=2)
         for i, rule in enumerate(spec.syscalls):
             act = action(rule.action, rule.errno_ret)
             if act == default:

@@ -11,8 +11,6 @@ from typing import Annotated, Any
 
 import msgspec
 
-from mounts.errors import BundleError
-
 
 class _S(msgspec.Struct, rename="camel", frozen=True, omit_defaults=True):
     pass
@@ -65,7 +63,7 @@ PERSONALITY_DOMAINS = {"LINUX": 0x0000, "LINUX32": 0x0008}
 
 class Process(_S, frozen=True):
     args: Annotated[list[str], msgspec.Meta(min_length=1)]
-    cwd: str = "/"
+    cwd: str = ""  # required by runc: an empty or relative one is refused (mounts/bundle.py)
     env: list[str] = []
     terminal: bool = False
     user: User = User()
@@ -175,7 +173,7 @@ class SeccompSyscall(_S, frozen=True):
 
 
 class Seccomp(_S, frozen=True):
-    default_action: str
+    default_action: str = ""  # with no syscalls either: no filter (runc)
     default_errno_ret: int | None = None
     architectures: list[str] = []
     flags: list[str] = []
@@ -326,9 +324,6 @@ SYSCTL_NAMESPACES = (("net.", "network"), ("kernel.msgmax", "ipc"), ("kernel.msg
 
 PROPAGATIONS = ("private", "rprivate", "slave", "rslave", "shared", "rshared", "unbindable", "runbindable")
 
-_decoder = msgspec.json.Decoder(Spec)
-
-
 # Linux capabilities by number (linux/capability.h); the spec names them CAP_<NAME>.
 CAPABILITIES = (
     "chown dac_override dac_read_search fowner fsetid kill setgid setuid setpcap linux_immutable "
@@ -344,235 +339,4 @@ RLIMITS = frozenset(
     "RLIMIT_MSGQUEUE RLIMIT_NICE RLIMIT_NOFILE RLIMIT_NPROC RLIMIT_RSS RLIMIT_RTPRIO "
     "RLIMIT_RTTIME RLIMIT_SIGPENDING RLIMIT_STACK".split())
 
-
-def parse_spec(data: bytes, path: str = "config.json") -> Spec:
-    try:
-        spec = _decoder.decode(data)
-    except msgspec.ValidationError as e:
-        raise BundleError(f"{path}: {e}") from None
-    except msgspec.DecodeError as e:
-        raise BundleError(f"{path}: invalid JSON: {e}") from None
-    except RecursionError:
-        raise BundleError(f"{path}: invalid JSON: nested too deeply") from None
-    validate(spec, path)
-    if b"\\u0000" in data:  # JSON can carry a NUL only escaped: find the field it is in
-        _no_nul(msgspec.to_builtins(spec), path, "$")
-    return spec
-
-
-def _valid_oci_version(v: str) -> bool:
-    """1.MINOR.PATCH, with a pre-release tag if any (1.0.2-dev): what engines write."""
-    core, _, tag = v.partition("-")
-    parts = core.split(".")
-    return (len(parts) == 3 and parts[0] == "1" and all(p.isascii() and p.isdigit() for p in parts)
-            and (not tag or tag.replace(".", "").replace("-", "").isalnum()))
-
-
-def validate(spec: Spec, path: str) -> None:
-    """What msgspec's types cannot say: the numeric ranges the kernel takes (runc's types
-    are uint32 and uint64; a bigger number is an error here, never an overflow later)."""
-    def check(value: int, lo: int, hi: int, field: str) -> None:
-        if not lo <= value <= hi:
-            raise BundleError(f"{path}: {field}: {value} is out of range ({lo}..{hi})")
-
-    if not _valid_oci_version(spec.oci_version):
-        raise BundleError(f"{path}: ociVersion: {spec.oci_version!r} is not a version 1.x.y of the runtime spec")
-    proc = spec.process
-    if proc is not None:
-        check(proc.user.uid, 0, UINT32_MAX, "process.user.uid")
-        check(proc.user.gid, 0, UINT32_MAX, "process.user.gid")
-        for i, gid in enumerate(proc.user.additional_gids):
-            check(gid, 0, UINT32_MAX, f"process.user.additionalGids[{i}]")
-        if proc.user.umask is not None:
-            check(proc.user.umask, 0, 0o7777, "process.user.umask")
-        if proc.capabilities is not None:
-            for field in Capabilities.__struct_fields__:
-                for name in getattr(proc.capabilities, field):
-                    if name.upper() not in CAP_NUMBERS:
-                        raise BundleError(f"{path}: process.capabilities.{field}: unknown capability {name!r}")
-        for i, rl in enumerate(proc.rlimits):
-            if rl.type not in RLIMITS:
-                raise BundleError(f"{path}: process.rlimits[{i}].type: unknown limit {rl.type!r}")
-            check(rl.soft, 0, RLIM_MAX, f"process.rlimits[{i}].soft")
-            check(rl.hard, 0, RLIM_MAX, f"process.rlimits[{i}].hard")
-    if spec.linux.seccomp is not None:
-        _validate_seccomp(spec.linux.seccomp, path, check)
-    if proc is not None and proc.oom_score_adj is not None:
-        check(proc.oom_score_adj, -1000, 1000, "process.oomScoreAdj")
-    if proc is not None and proc.io_priority is not None:
-        if proc.io_priority.class_ not in IOPRIO_CLASSES:
-            raise BundleError(f"{path}: process.ioPriority.class: {proc.io_priority.class_!r} is not one of "
-                              f"{', '.join(IOPRIO_CLASSES)}")
-        check(proc.io_priority.priority, 0, 7, "process.ioPriority.priority")
-    if proc is not None and proc.scheduler is not None:
-        sched = proc.scheduler
-        if sched.policy not in SCHED_POLICIES:
-            raise BundleError(f"{path}: process.scheduler.policy: {sched.policy!r} is not one of "
-                              f"{', '.join(SCHED_POLICIES)}")
-        for flag in sched.flags:
-            if flag not in SCHED_FLAGS:
-                raise BundleError(f"{path}: process.scheduler.flags: unknown flag {flag!r}")
-        check(sched.nice, -20, 19, "process.scheduler.nice")
-        check(sched.priority, 0, 99, "process.scheduler.priority")
-        for name in ("runtime", "deadline", "period"):
-            check(getattr(sched, name), 0, (1 << 64) - 1, f"process.scheduler.{name}")
-        if (sched.policy == "SCHED_DEADLINE" and "SCHED_FLAG_RESET_ON_FORK" not in sched.flags
-                and spec.hooks is not None and spec.hooks.start_container):
-            # the hooks run in the container's process, which holds the policy by then
-            raise BundleError(f"{path}: process.scheduler: a SCHED_DEADLINE task cannot fork to run "
-                              "hooks.startContainer (add SCHED_FLAG_RESET_ON_FORK)")
-    _validate_user_namespace(spec, path, check)
-    if spec.linux.intel_rdt is not None:
-        raise BundleError(f"{path}: linux.intelRdt: Intel RDT (resctrl) is not supported")
-    pers = spec.linux.personality
-    if pers is not None:
-        if pers.domain not in PERSONALITY_DOMAINS:
-            raise BundleError(f"{path}: linux.personality.domain: {pers.domain!r} is not LINUX or LINUX32")
-        if pers.flags:  # the spec defines none yet (runc takes none)
-            raise BundleError(f"{path}: linux.personality.flags: {pers.flags[0]!r} is not supported")
-    new_ns = {ns.type for ns in spec.linux.namespaces if not ns.path}
-    for key, value in spec.linux.sysctl.items():
-        ns = next((n for prefix, n in SYSCTL_NAMESPACES if key == prefix or (prefix.endswith(".") and
-                                                                              key.startswith(prefix))), None)
-        if ns is None or ns not in new_ns or not key.replace(".", "").replace("_", "").replace("-", "").isalnum() \
-                or "\n" in value:
-            raise BundleError(f"{path}: linux.sysctl: {key!r} is not a sysctl of a namespace the container "
-                              "has of its own (it would change the host)")
-    for i, rule in enumerate(spec.linux.resources.devices if spec.linux.resources else []):
-        if rule.type not in (None, "a", "b", "c") or not set(rule.access or "rwm") <= set("rwm") \
-                or not rule.access and rule.access is not None:
-            raise BundleError(f"{path}: linux.resources.devices[{i}]: type must be a, b or c and access "
-                              f"letters of rwm (got {rule.type!r}, {rule.access!r})")
-        for name in ("major", "minor"):
-            value = getattr(rule, name)
-            if value is not None and value != -1:
-                check(value, 0, UINT32_MAX, f"linux.resources.devices[{i}].{name}")
-    if spec.linux.resources is not None:
-        _validate_resources(spec.linux.resources, path)
-    if spec.linux.rootfs_propagation not in (None, *PROPAGATIONS):
-        raise BundleError(f"{path}: linux.rootfsPropagation: {spec.linux.rootfs_propagation!r} is not one of "
-                          f"{', '.join(PROPAGATIONS)}")
-    for i, d in enumerate(spec.linux.devices):
-        for name in ("major", "minor", "uid", "gid"):
-            value = getattr(d, name)
-            if value is not None:
-                check(value, 0, UINT32_MAX, f"linux.devices[{i}].{name}")
-        if d.file_mode is not None:
-            check(d.file_mode, 0, 0o7777, f"linux.devices[{i}].fileMode")
-
-
-def _validate_user_namespace(spec: Spec, path: str, check) -> None:
-    """Mappings go with a new user namespace, and it needs them (runc's rules); the
-    container's root must be mapped (it becomes root in there to build the container)."""
-    user = next((ns for ns in spec.linux.namespaces if ns.type == "user"), None)
-    maps = (("uidMappings", spec.linux.uid_mappings), ("gidMappings", spec.linux.gid_mappings))
-    for field, mapping in maps:
-        for i, m in enumerate(mapping):
-            for name, camel in (("container_id", "containerID"), ("host_id", "hostID"), ("size", "size")):
-                check(getattr(m, name), 1 if name == "size" else 0, UINT32_MAX, f"linux.{field}[{i}].{camel}")
-        if user is None and mapping:
-            raise BundleError(f"{path}: linux.{field}: mappings without a user namespace in linux.namespaces")
-        if user is not None and not user.path:
-            if not mapping:
-                raise BundleError(f"{path}: linux.{field}: a new user namespace needs mappings")
-            if not any(m.container_id == 0 for m in mapping):
-                raise BundleError(f"{path}: linux.{field}: the container's root (0) is not mapped")
-
-
-def _validate_resources(r: Resources, path: str) -> None:
-    """What goes into a cgroup file's name or a line of it: never a path, never a newline."""
-    import re
-
-    for i, h in enumerate(r.hugepage_limits):
-        if not re.fullmatch(r"[0-9]+[KMG]B", h.page_size):
-            raise BundleError(f"{path}: linux.resources.hugepageLimits[{i}].pageSize: {h.page_size!r} is not "
-                              "a page size such as 2MB or 1GB")
-    names = [("linux.resources.rdma", dev) for dev in r.rdma]
-    names += [("linux.resources.network.priorities", p.name) for p in (r.network.priorities if r.network else [])]
-    for field, name in names:
-        if not re.fullmatch(r"[A-Za-z0-9_.:-]+", name):
-            raise BundleError(f"{path}: {field}: {name!r} is not a device or interface name")
-    for key, value in (r.unified or {}).items():
-        if not re.fullmatch(r"[a-z0-9_]+\.[a-z0-9_.]+", key) or "\n" in value:
-            raise BundleError(f"{path}: linux.resources.unified: {key!r} is not a cgroup interface file name "
-                              "(or its value has a newline)")
-
-
-def _validate_seccomp(sc: Seccomp, path: str, check) -> None:
-    where = "linux.seccomp"
-    actions = [(f"{where}.defaultAction", sc.default_action)]
-    actions += [(f"{where}.syscalls[{i}].action", r.action) for i, r in enumerate(sc.syscalls)]
-    for field, action in actions:
-        if action not in SECCOMP_ACTIONS:
-            raise BundleError(f"{path}: {field}: unknown action {action!r}")
-        if action == "SCMP_ACT_NOTIFY" and field.endswith("defaultAction"):  # (runc's rule)
-            raise BundleError(f"{path}: {field}: SCMP_ACT_NOTIFY cannot be the default action")
-        if action == "SCMP_ACT_NOTIFY" and not sc.listener_path:
-            raise BundleError(f"{path}: {field}: SCMP_ACT_NOTIFY needs linux.seccomp.listenerPath")
-    for i, rule in enumerate(sc.syscalls):
-        # the fd goes to the agent by sendmsg, after the filter is loaded: notified itself,
-        # it would wait for the agent that has no fd yet (runc refuses write, its own)
-        if rule.action == "SCMP_ACT_NOTIFY" and set(rule.names) & {"sendmsg", "sendmmsg", "sendto"}:
-            raise BundleError(f"{path}: {where}.syscalls[{i}]: SCMP_ACT_NOTIFY on sendmsg would hang the "
-                              "runtime handing the agent its fd")
-    for flag in sc.flags:
-        if flag not in SECCOMP_FLAGS:
-            raise BundleError(f"{path}: {where}.flags: unknown flag {flag!r}")
-    if sc.default_errno_ret is not None:
-        check(sc.default_errno_ret, 0, 0xFFFF, f"{where}.defaultErrnoRet")
-    for i, rule in enumerate(sc.syscalls):
-        for name in ("includes", "excludes"):
-            if getattr(rule, name):
-                raise BundleError(f"{path}: {where}.syscalls[{i}].{name}: a profile template's condition "
-                                  "(the engine resolves these before it writes a spec): not applied blindly")
-        if rule.errno_ret is not None:
-            check(rule.errno_ret, 0, 0xFFFF, f"{where}.syscalls[{i}].errnoRet")
-        for j, arg in enumerate(rule.args or ()):
-            check(arg.index, 0, 5, f"{where}.syscalls[{i}].args[{j}].index")
-            check(arg.value, 0, (1 << 64) - 1, f"{where}.syscalls[{i}].args[{j}].value")
-            check(arg.value_two, 0, (1 << 64) - 1, f"{where}.syscalls[{i}].args[{j}].valueTwo")
-            if arg.op not in SECCOMP_OPS:
-                raise BundleError(f"{path}: {where}.syscalls[{i}].args[{j}].op: unknown operator {arg.op!r}")
-
-
-def _no_nul(obj, path: str, where: str) -> None:
-    """A NUL cannot pass through execve, mount(2) or a path: name the field that has one."""
-    if isinstance(obj, str):
-        if "\0" in obj:
-            raise BundleError(f"{path}: {where}: contains a NUL character")
-    elif isinstance(obj, dict):
-        for key, value in obj.items():
-            _no_nul(key, path, where)
-            _no_nul(value, path, f"{where}.{key}")
-    elif isinstance(obj, list):
-        for i, value in enumerate(obj):
-            _no_nul(value, path, f"{where}[{i}]")
-
-
-class Bundle(msgspec.Struct, frozen=True):
-    path: str  # absolute bundle directory
-    spec: Spec
-    rootfs: str  # absolute path of the root filesystem (as the host sees it)
-
-
-def load_bundle(path: str) -> Bundle:
-    """Read and validate ``<path>/config.json``; check the root filesystem exists."""
-    bundle = os.path.abspath(path)
-    config = os.path.join(bundle, "config.json")
-    try:
-        with open(config, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise BundleError(f"{config}: no such file (is {path} an OCI bundle?)") from None
-    except OSError as e:
-        raise BundleError(f"{config}: cannot read: {e.strerror}") from None
-    spec = parse_spec(data, config)
-    # runc's rule: the rootfs, relative to the bundle as the kernel resolves it, may not be
-    # reached through a symlink (what the caller validated must be what gets mounted)
-    rootfs = os.path.normpath(os.path.join(os.path.realpath(bundle), spec.root.path))
-    if not os.path.isdir(rootfs):
-        raise BundleError(f"{config}: root.path {spec.root.path!r} is not a directory")
-    if os.path.realpath(rootfs) != rootfs:
-        raise BundleError(f"{config}: root.path {spec.root.path!r} is reached through a symlink "
-                          f"({rootfs} -> {os.path.realpath(rootfs)}); give the real path")
-    return Bundle(bundle, spec, rootfs)
+NAMESPACE_TYPES = ("pid", "network", "mount", "ipc", "uts", "user", "cgroup")

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import msgspec
 
+from mounts.bundle import Bundle, load_bundle
 from mounts.plan import Plan, compute_plan, layout_of
 from mounts.request import GpuRequest, gpu_request, parse_capabilities
-from mounts.spec import Bundle, load_bundle
 
 __all__ = ["Plan", "apply_plan", "cap_request", "plan_bundle", "request_for"]  # noqa: F822 - apply_plan: see __getattr__
 

@@ -59,8 +59,8 @@ def generate(args) -> int:
 
 def hook(args) -> int:
     from mounts import actions as A
+    from mounts.bundle import load_bundle
     from mounts.ldcache import Entry
-    from mounts.spec import load_bundle
     from sandbox.api import apply_plan
     from sandbox.hook_cmd import ContainerState
 

@@ -364,6 +364,14 @@ def _log(args, msg: str) -> None:
         pass
 
 
+def _one_line(e: BaseException) -> str:
+    """An error as one line: a plain OSError as "PATH: what" (never "[Errno N] ...")."""
+    if isinstance(e, OSError) and type(e).__str__ is OSError.__str__ and e.strerror:
+        paths = [p for p in (e.filename, e.filename2) if p is not None]
+        return ": ".join([*map(str, paths), e.strerror])
+    return " ".join(str(e).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     gofer = None
@@ -413,8 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from sandbox import hook_cmd as mod
         return mod.main(args, gofer) if gofer is not None else mod.main(args)
-    except (SandboxError, OSError) as e:  # an OSError names its operation (SyscallError)
-        msg = f"sandbox {args.verb}: {e}"
+    except (SandboxError, OSError) as e:  # a SyscallError names its operation and path
+        msg = f"sandbox {args.verb}: {_one_line(e)}"
         if getattr(args, "debug", False):
             import traceback
 

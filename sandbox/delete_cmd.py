@@ -15,10 +15,17 @@ from sandbox.state import StateDir, start_time
 
 def main(args) -> int:
     sd = StateDir(args.root, args.container_id)
-    if not os.path.isdir(sd.dir):
+    if sd.is_link():  # not ours: --force removes the link itself (as runc), never its target's files
+        if not args.force:
+            raise SandboxError(f"{sd.dir}: not a state directory (a link or a file is in its place)")
+        sd.remove()
+        return 0
+    d = sd.open_dir()
+    if d is None:
         if args.force:
             return 0
         raise SandboxError(f"container {args.container_id!r} does not exist (under {args.root})")
+    os.close(d)
     state = sd._read()
     if state is None:  # a create that died before writing its state: nothing runs
         sd.remove()

@@ -19,7 +19,7 @@ def main(args) -> int:
     state = StateDir(args.root, args.container_id).load()
     if state.status not in ("running", "created"):
         raise SandboxError(f"cannot exec in container {state.id!r}: it is {state.status}")
-    from mounts.spec import load_bundle
+    from mounts.bundle import load_bundle
 
     spec = load_bundle(state.bundle).spec
     proc = _process(args, spec, state.bundle)
@@ -51,18 +51,10 @@ def main(args) -> int:
 
 def _process(args, spec, bundle: str) -> Process:
     if args.process:
-        from mounts.spec import validate
+        from mounts.bundle import parse_process, read_config
 
-        try:
-            with open(args.process, "rb") as f:
-                proc = msgspec.json.decode(f.read(), type=Process)
-        except OSError as e:
-            raise BundleError(f"--process {args.process}: {e.strerror}") from None
-        except msgspec.DecodeError as e:
-            raise BundleError(f"--process {args.process}: {e}") from None
-        # the same checks as config.json's process (ranges, rlimit names, capabilities)
-        validate(msgspec.structs.replace(spec, process=proc), f"--process {args.process}")
-        return proc
+        # a regular file of bounded size (/dev/zero or a FIFO is refused, not read)
+        return parse_process(read_config(args.process, ""), spec, f"--process {args.process}")
     if not args.args:
         raise SandboxError("exec: which command? (sandbox exec ID COMMAND..., or --process FILE)")
     base = spec.process

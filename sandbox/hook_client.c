@@ -19,10 +19,14 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #define MAX_REQUEST (1 << 20) /* hook_server.MAX_REQUEST */
+#ifndef REPLY_TIMEOUT
+#define REPLY_TIMEOUT 60 /* s: hook_server.REPLY_TIMEOUT (tests build it shorter) */
+#endif
 #define DEFAULT_SOCKET "/run/gpu-sandbox/hook.sock"
 
 struct buf { char *p; size_t n, cap; };
@@ -186,7 +190,12 @@ int main(int argc, char **argv) {
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     struct ucred cred;
     socklen_t len = sizeof cred;
-    if (s < 0 || connect(s, (struct sockaddr *)&addr, sizeof addr) < 0
+    /* deadlines as the Python client's (sandbox/hook_server.py): connect and send 1 s (a full
+     * listen queue), the answer REPLY_TIMEOUT; past either, the hook does the work itself */
+    struct timeval send_limit = {.tv_sec = 1}, reply_limit = {.tv_sec = REPLY_TIMEOUT};
+    if (s < 0 || setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof send_limit) < 0
+        || setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &reply_limit, sizeof reply_limit) < 0
+        || connect(s, (struct sockaddr *)&addr, sizeof addr) < 0
         || getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.uid != 0
         || send(s, req.p, req.n, 0) != (ssize_t)req.n) {
         if (s >= 0) close(s);
@@ -196,6 +205,11 @@ int main(int argc, char **argv) {
     ssize_t r;
     do r = recv(s, reply, MAX_REQUEST, 0); while (r < 0 && errno == EINTR);
     close(s);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        fprintf(stderr, "sandbox hook: no answer from the hook server at %s in %d s: doing the work here\n",
+                path, REPLY_TIMEOUT);
+        fallback(cmd, state.p, state.n);
+    }
     if (r <= 0) {
         fprintf(stderr, "sandbox hook: the hook server at %s died before it answered\n", path);
         return 1;

@@ -52,7 +52,7 @@ def run_hook(args, state_json: bytes) -> int:
             setattr(args, name, os.path.abspath(getattr(args, name)))
     os.chdir("/")
     from gofer.spans import Spans
-    from mounts.spec import load_bundle
+    from mounts.bundle import load_bundle
     from sandbox.api import apply_plan, plan_bundle
 
     spans = Spans(bool(args.trace), os.getpid())

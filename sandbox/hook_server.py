@@ -50,6 +50,7 @@ def forward(argv: list[str]) -> int | None:
     path = _server_path(argv)
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
     try:
+        s.settimeout(1.0)  # a full listen queue or a server that does not accept: do it here
         s.connect(path)
         _pid, uid, _gid = _unpack_cred(s.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12))
         if uid != 0:
@@ -57,9 +58,12 @@ def forward(argv: list[str]) -> int | None:
         state = sys.stdin.buffer.read()
         sys.stdin = _replay(state)  # should the server be of no use, the hook reads it again here
         s.sendall(dumps({"argv": argv, "stdin": state.decode("utf-8", "surrogateescape")}).encode())
+        s.settimeout(REPLY_TIMEOUT)
         reply = s.recv(MAX_REQUEST)
     except OSError:
-        return None  # no server, not root's, a state too big for one message: do it here
+        # no server, not root's, a state too big for one message, no answer in time: do it
+        # here (a server's child still at work holds the container: we wait, then see it done)
+        return None
     finally:
         s.close()
     if not reply:
@@ -113,14 +117,15 @@ def _trusted_peer(conn) -> bool:
     return bool(caps & (1 << 21)) and same  # CAP_SYS_ADMIN
 
 
-MAX_CHILDREN = 64  # hooks served at once; more wait in the listen queue
-REQUEST_TIMEOUT = 30.0  # s for a client to send its request
+MAX_CHILDREN = 64  # hooks served at once; more are told to do the work themselves
+REQUEST_TIMEOUT = 2.0  # s for a client to send its request (ours send it right after connect)
+REPLY_TIMEOUT = 60.0  # s a client waits for the answer, then does the work itself
+DECLINE_WAIT = 0.1  # s for the request of a client we decline
 
 
 def serve(args) -> int:
     """`sandbox hook serve [--server PATH]`: listen until SIGTERM or SIGINT."""
     import signal
-    import time
 
     from mounts.errors import SandboxError
 
@@ -145,8 +150,11 @@ def serve(args) -> int:
                 if not _trusted_peer(conn):
                     _decline(conn, "a hook server serves only root with CAP_SYS_ADMIN in its namespaces")
                     continue
-                while len(_children) >= MAX_CHILDREN:
-                    time.sleep(0.01)  # until one ends (SIGCHLD reaps it)
+                if len(_children) >= MAX_CHILDREN:
+                    # never wait here: slow clients holding every child must not stop the
+                    # others (the hook does its own work, serialized per container)
+                    _decline(conn, f"{MAX_CHILDREN} hooks are being served")
+                    continue
                 conn.settimeout(REQUEST_TIMEOUT)
                 # SIGCHLD held until the child is counted: reaped before it was added, its pid
                 # would stay in _children for good, and MAX_CHILDREN of those stop the server
@@ -243,7 +251,8 @@ def _handle(conn) -> int:
     except (ValueError, KeyError, TypeError, UnicodeError) as e:
         error = f"bad request: {e}"
     conn.sendall(dumps({"code": code, "error": error}).encode())
-    print(f"sandbox hook serve: {cid}: exit {code} in {(time.monotonic() - t) * 1e3:.1f} ms", file=sys.stderr)
+    # one write per line: children log at once
+    os.write(2, f"sandbox hook serve: {cid}: exit {code} in {(time.monotonic() - t) * 1e3:.1f} ms\n".encode())
     return 0
 
 
@@ -251,6 +260,13 @@ def _decline(conn, why: str) -> None:
     """Tell the client to do the work itself (it then runs as if no server listened)."""
     from sandbox.jsonlite import dumps
 
+    try:
+        # the request first (ours send it right after connect): closed with it unread, the
+        # socket would reset the connection before the client reads our answer
+        conn.settimeout(DECLINE_WAIT)
+        conn.recv(MAX_REQUEST)
+    except OSError:
+        pass
     try:
         conn.setblocking(False)  # never held up by a client that does not read
         conn.send(dumps({"fallback": why}).encode())

@@ -86,8 +86,8 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
 
     from gofer import protocol
     from gofer.cgroups import devices_enforced
+    from mounts.bundle import load_bundle
     from mounts.errors import BundleError, SandboxError
-    from mounts.spec import load_bundle
     from sandbox.state import StateDir, new_state
 
     # Orphans below us come to us, not to the host's init: the container's init once the
@@ -110,6 +110,10 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                 if spec.process.terminal and opts.detached and not opts.console_socket:
                     raise BundleError(f"{bundle.path}/config.json: process.terminal is set: a detached "
                                       "container needs --console-socket to hand its terminal to")
+                if opts.console_socket and not (spec.process.terminal and opts.detached):
+                    raise BundleError(f"--console-socket {opts.console_socket}: only for a detached container "
+                                      f"with a terminal ({bundle.path}/config.json: process.terminal is "
+                                      f"{str(spec.process.terminal).lower()})")
                 from mounts.request import gpu_request
 
                 request = gpu_request(spec, opts.gpus, opts.capabilities)
@@ -347,6 +351,8 @@ def _runtime_hooks(hooks, opts: Options, bundle: str, annotations, pid: int, soc
 
 
 def _gofer_died(pid: int):
+    """Why no Ready came: the gofer's end, or, where it exited 0 having forked the init
+    (create's gofer leaves it to us, a subreaper), the init's."""
     from mounts.errors import SandboxError
 
     try:
@@ -354,6 +360,18 @@ def _gofer_died(pid: int):
     except ChildProcessError:
         return SandboxError("the gofer exited before the container started")
     code = exit_code(status)
+    if code == 0:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # the init, orphaned to us, once it is reaped
+            try:
+                child, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if child:
+                code = exit_code(status)
+                how = f"was killed by signal {code - 128}" if code > 128 else f"exited with status {code}"
+                return SandboxError(f"the container's init {how} before it was ready")
+            time.sleep(0.005)
     how = f"was killed by signal {code - 128}" if code > 128 else f"exited with status {code}"
     return SandboxError(f"the gofer {how} before the container started")
 

@@ -7,7 +7,7 @@ import errno
 import os
 
 from mounts.errors import SandboxError
-from sandbox.state import State, StateDir
+from sandbox.state import FIFO, State, StateDir
 
 
 def main(args) -> int:
@@ -23,7 +23,7 @@ def release(sd: StateDir, state: State) -> None:
     """One byte into exec.fifo: the init, blocked reading it, goes on to exec. Non-blocking
     open: with no reader (the init died) it fails at once instead of hanging."""
     try:
-        fd = os.open(sd.fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = sd.open(FIFO, os.O_WRONLY | os.O_NONBLOCK)
     except OSError as e:
         why = "its init is gone" if e.errno == errno.ENXIO else e.strerror
         raise SandboxError(f"cannot start container {state.id!r}: {why}") from None
@@ -31,10 +31,7 @@ def release(sd: StateDir, state: State) -> None:
         os.write(fd, b"0")
     finally:
         os.close(fd)
-    try:
-        os.unlink(sd.fifo)
-    except FileNotFoundError:  # a concurrent start of the same container unlinked it first
-        pass
+    sd.unlink(FIFO)  # (a concurrent start of the same container may have unlinked it first)
     if state.poststart:
         from gofer.hooks import run_hooks, state_json
 

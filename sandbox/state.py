@@ -17,6 +17,7 @@ import os
 import time
 
 from mounts.errors import SandboxError
+from mounts.proc import start_time
 from sandbox import jsonlite
 
 FIFO = "exec.fifo"
@@ -73,20 +74,6 @@ class State:
         return msgspec.convert(raw, list[Hook])
 
 
-def start_time(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat, or None when there is no such (live) process. A zombie
-    counts as gone: it will never run again."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rfind(b")") + 2:].split()  # after "pid (comm) "
-    if fields[0] in (b"Z", b"X"):
-        return None
-    return int(fields[19])
-
-
 def valid_id(cid: str) -> bool:
     """At most 200 of letters, digits and _.+- (a file name, a cgroup name with room to
     spare under NAME_MAX), not starting with one of the punctuation."""
@@ -94,6 +81,11 @@ def valid_id(cid: str) -> bool:
 
 
 class StateDir:
+    """One container's directory under ``--root``, reached only through fds: the root is
+    opened, the id's entry beneath it without following a link (a symlinked ROOT/ID is no
+    state directory: never read or cleared, only removed itself), and every file inside by
+    name relative to that (temp files under unpredictable names, made exclusively)."""
+
     def __init__(self, root: str, cid: str):
         if not valid_id(cid):
             raise SandboxError(f"container id {cid!r} is invalid (letters, digits, _.+- only)")
@@ -105,27 +97,70 @@ class StateDir:
     def fifo(self) -> str:
         return os.path.join(self.dir, FIFO)
 
+    def _root_fd(self, create: bool = False) -> int | None:
+        """--root, opened (made first if ``create``); None if there is none."""
+        try:
+            if create:
+                os.makedirs(self.root, mode=0o711, exist_ok=True)
+            return os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except (NotADirectoryError, FileExistsError):
+            raise SandboxError(f"--root {self.root}: not a directory") from None
+        except OSError as e:
+            raise SandboxError(f"--root {self.root}: {e.strerror}") from None
+
+    def open_dir(self) -> int | None:
+        """The container's directory (an fd to close), None if there is none; a link or a
+        file in its place is an error naming it."""
+        root = self._root_fd()
+        if root is None:
+            return None
+        try:
+            return os.open(self.id, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
+        except FileNotFoundError:
+            return None
+        except (NotADirectoryError, OSError) as e:
+            if isinstance(e, NotADirectoryError) or e.errno == errno.ELOOP:
+                raise SandboxError(f"{self.dir}: not a state directory (a link or a file is in its place)") from None
+            raise SandboxError(f"{self.dir}: {e.strerror}") from None
+        finally:
+            os.close(root)
+
+    def is_link(self) -> bool:
+        """Whether ROOT/ID is a symlink (or another non-directory) instead of our directory."""
+        try:
+            st = os.lstat(self.dir)
+        except OSError:
+            return False
+        return not (st.st_mode & 0o170000 == 0o040000)
+
     def create(self, state: State, fifo: bool = False) -> None:
         """Claim the id: the directory is made under a private name with its state.json (and
         exec.fifo) inside, then renamed into place; rename(2) onto a directory that is not
         empty fails, so of two creates of one id exactly one wins, and a directory under the
         id always has its state. A foreground run whose init is gone is replaced; anything
         else is "already exists", as runc says."""
-        tmp = os.path.join(self.root, f".{self.id}.{os.getpid()}.tmp")
+        root = self._root_fd(create=True)
+        assert root is not None
+        tmp = f".{self.id}.{os.urandom(8).hex()}.tmp"
         try:
-            os.makedirs(self.root, mode=0o711, exist_ok=True)
-            os.mkdir(tmp, 0o711)
+            os.mkdir(tmp, 0o711, dir_fd=root)
             try:
-                if fifo:  # root's alone, whatever the umask: a write into it starts the container
-                    os.mkfifo(os.path.join(tmp, FIFO), 0o600)
-                    os.chmod(os.path.join(tmp, FIFO), 0o600)
-                self._write_json(os.path.join(tmp, "state.json"), state)
+                d = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
+                try:
+                    if fifo:  # root's alone, whatever the umask: a write into it starts the container
+                        os.mkfifo(FIFO, 0o600, dir_fd=d)
+                        os.chmod(FIFO, 0o600, dir_fd=d, follow_symlinks=False)
+                    self._write_json(d, state)
+                finally:
+                    os.close(d)
                 for _ in range(2):
                     try:
-                        os.rename(tmp, self.dir)
+                        os.rename(tmp, self.id, src_dir_fd=root, dst_dir_fd=root)
                         return
                     except OSError as e:
-                        if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                        if e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                             raise
                     old = self._read()
                     if old is None or not (old.foreground and self.status(old) == "stopped"):
@@ -133,22 +168,60 @@ class StateDir:
                     self.remove()
                 raise SandboxError(f"container {self.id!r} already exists ({self.dir})")
             except BaseException:
-                StateDir._clear(tmp)
+                self._clear(root, tmp)
                 raise
         except OSError as e:
             raise SandboxError(f"--root {self.root}: cannot create the state directory {self.dir}: "
                                f"{e.strerror}") from None
+        finally:
+            os.close(root)
 
     def write(self, state: State) -> None:
-        tmp = os.path.join(self.dir, "state.json.tmp")
-        self._write_json(tmp, state)
-        os.replace(tmp, os.path.join(self.dir, "state.json"))
+        d = self.open_dir()
+        if d is None:
+            raise SandboxError(f"container {self.id!r}: its state directory {self.dir} is gone")
+        try:
+            self._write_json(d, state)
+        finally:
+            os.close(d)
 
     @staticmethod
-    def _write_json(path: str, state: State) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(state.to_json())
+    def _write_json(d: int, state: State) -> None:
+        """state.json in the directory ``d``, replaced whole: written to a temp file of an
+        unpredictable name made exclusively, then renamed over it."""
+        tmp = f"state.json.{os.urandom(8).hex()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=d)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(state.to_json())
+            os.replace(tmp, "state.json", src_dir_fd=d, dst_dir_fd=d)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=d)
+            except OSError:
+                pass
+            raise
+
+    def open(self, name: str, flags: int) -> int:
+        """A file of ours in the directory (never through a link)."""
+        d = self.open_dir()
+        if d is None:
+            raise FileNotFoundError(errno.ENOENT, "no state directory", self.dir)
+        try:
+            return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
+        finally:
+            os.close(d)
+
+    def unlink(self, name: str) -> None:
+        d = self.open_dir()
+        if d is None:
+            return
+        try:
+            os.unlink(name, dir_fd=d)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(d)
 
     def load(self) -> State:
         """The recorded state with its status derived; an error naming the id if none."""
@@ -159,33 +232,66 @@ class StateDir:
         return state
 
     def _read(self) -> State | None:
+        d = self.open_dir()
+        if d is None:
+            return None
         try:
-            with open(os.path.join(self.dir, "state.json")) as f:
+            fd = os.open("state.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
+            with os.fdopen(fd) as f:
                 data = jsonlite.loads(f.read())
             return State(**{k: data[k] for k in State.FIELDS if k in data})
         except (OSError, ValueError, TypeError):
             return None
+        finally:
+            os.close(d)
 
     def status(self, state: State) -> str:
         if state.pid <= 0 or start_time(state.pid) != state.start_time:
             return "stopped"
         if state.creating:
             return "creating"
-        return "created" if os.path.exists(self.fifo) else "running"
+        try:
+            os.close(self.open(FIFO, os.O_PATH))
+        except OSError:
+            return "running"
+        return "created"
 
     def remove(self) -> None:
-        self._clear(self.dir)
+        """The directory and what we keep in it; a link in its place is removed itself (as
+        runc removes it), never what it leads to."""
+        root = self._root_fd()
+        if root is None:
+            return
+        try:
+            if self.is_link():
+                try:
+                    os.unlink(self.id, dir_fd=root)
+                except FileNotFoundError:
+                    pass
+                return
+            self._clear(root, self.id)
+        finally:
+            os.close(root)
 
     @staticmethod
-    def _clear(directory: str) -> None:
-        """A state directory and what we keep in it (state.json, its .tmp, exec.fifo)."""
-        for name in ("state.json", "state.json.tmp", FIFO):
-            try:
-                os.unlink(os.path.join(directory, name))
-            except FileNotFoundError:
-                pass
+    def _clear(root: int, name: str) -> None:
+        """``name`` under ``root`` and what we keep in it (state.json and its temp files,
+        exec.fifo), reached without following links."""
         try:
-            os.rmdir(directory)
+            d = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
+        except OSError:
+            return
+        try:
+            for entry in os.listdir(d):
+                if entry in ("state.json", FIFO) or entry.startswith("state.json."):
+                    try:
+                        os.unlink(entry, dir_fd=d)
+                    except FileNotFoundError:
+                        pass
+        finally:
+            os.close(d)
+        try:
+            os.rmdir(name, dir_fd=root)
         except FileNotFoundError:
             pass
 
@@ -217,11 +323,16 @@ def list_states(root: str) -> list[State]:
         names = sorted(os.listdir(root))
     except FileNotFoundError:
         return []
+    except NotADirectoryError:
+        raise SandboxError(f"--root {root}: not a directory") from None
     out = []
     for name in names:
         if valid_id(name):
             sd = StateDir(root, name)
-            st = sd._read()
+            try:
+                st = sd._read()
+            except SandboxError:  # a link or a file in a container's place: not one
+                continue
             if st is not None:
                 st.status = sd.status(st)
                 out.append(st)

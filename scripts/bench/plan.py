@@ -18,10 +18,10 @@ sys.path.insert(0, str(REPO))
 
 import fixtures  # noqa: E402
 
+from mounts.bundle import load_bundle  # noqa: E402
 from mounts.driver import discover  # noqa: E402
 from mounts.plan import compute_plan, layout_of  # noqa: E402
 from mounts.request import gpu_request  # noqa: E402
-from mounts.spec import load_bundle  # noqa: E402
 
 
 def median_ms(fn, n: int) -> float:

@@ -8,8 +8,8 @@ import pytest
 
 from gofer.cgroups import device_rules, v1_files, v2_files
 from gofer.devfilter import Rule, allow_first, program
+from mounts.bundle import parse_spec
 from mounts.errors import BundleError, SandboxError
-from mounts.spec import parse_spec
 
 
 def resources(**r):
@@ -96,7 +96,7 @@ def test_names_that_would_reach_another_file_are_refused(r, field):
 def test_an_all_rule_is_every_device_whatever_numbers_follow():
     """`a 1:11 rwm` denied resets everything, as v1 and runc read it (numbers ignored)."""
     rules = device_rules(resources(devices=[{"allow": True, "type": "c", "major": 1, "access": "rwm"},
-                                            {"allow": False, "type": "a", "major": 1, "minor": 11}]), [])
+                                            {"allow": False, "type": "a", "major": 1, "minor": 11, "access": "rwm"}]), [])
     assert rules[2] == Rule(False)
 
 

@@ -281,3 +281,26 @@ def test_device_rules_that_allow_the_gpu_nodes_already_are_left_alone(make_bundl
             assert f.read() == before
     finally:
         subprocess.run([*runc, "delete", "--force", "keep1"], timeout=60)
+
+
+def test_two_hooks_of_one_container_at_once_mount_once(make_bundle, driver_root, tmp_path):
+    """Two of our hooks for the same container, started together (and a third after them):
+    one sets the container up, the others find it done; exactly one set of mounts."""
+    bundle = make_bundle(["sh", "-c", SCRIPT + "; grep -c ' /dev/nvidia0 ' /proc/self/mountinfo; "
+                          "grep -c ' /usr/lib/x86_64-linux-gnu/libcuda.so.1 \\| /etc/ld.so.cache ' "
+                          "/proc/self/mountinfo || true"], ["NVIDIA_VISIBLE_DEVICES=all"])
+    install(bundle, driver_root, "--stage", "prestart")
+    config = bundle / "config.json"
+    spec = json.loads(config.read_text())
+    hook = spec["hooks"]["prestart"][0]
+    python_hook = hook["args"][1:]  # (the C client's fallback: the Python hook itself)
+    both = ('cat > "$0"; "$@" < "$0" & p=$!; "$@" < "$0"; b=$?; wait $p; a=$?; "$@" < "$0"; c=$?; '
+            'echo "hooks $a $b $c" >&2; [ "$a$b$c" = 000 ]')
+    spec["hooks"]["prestart"] = [{"path": "/bin/sh", "args": ["sh", "-c", both, str(tmp_path / "state.json"),
+                                                             *python_hook], "env": hook["env"]}]
+    config.write_text(json.dumps(spec))
+    r = runc(bundle, tmp_path / "state")
+    assert r.returncode == 0, r.stderr
+    check_gpu_output(r.stdout + r.stderr)
+    counts = r.stdout.strip().splitlines()[-2:]
+    assert counts[0] == "1", r.stdout  # /dev/nvidia0 bound once

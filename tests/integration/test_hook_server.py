@@ -155,3 +155,35 @@ def test_a_client_in_another_pid_namespace_is_not_served(server, make_bundle, dr
     subprocess.run(["unshare", "-p", "-f", *hook], input=json.dumps({"id": "x", "pid": 1, "bundle": str(gpu)}),
                    capture_output=True, text=True, timeout=60)
     assert not _served(log), log.read_text()
+
+
+def test_silent_clients_do_not_stop_the_others(server, make_bundle, driver_root, tmp_path):
+    """MAX_CHILDREN + 6 connections that never send a request: a real hook is still done at
+    once (served, or told to do its own work), and the silent ones are dropped after
+    REQUEST_TIMEOUT."""
+    import socket
+
+    from sandbox.hook_server import MAX_CHILDREN
+
+    path, log, _ = server
+    silent = []
+    for _ in range(MAX_CHILDREN + 6):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.settimeout(1)
+        try:
+            s.connect(str(path))
+        except OSError:
+            s.close()
+            break
+        silent.append(s)
+    try:
+        bundle = make_bundle(["sh", "-c", SCRIPT], ["NVIDIA_VISIBLE_DEVICES=all"])
+        install(bundle, driver_root, "--server", path)
+        t = time.monotonic()
+        r = runc(bundle, tmp_path / "state", "q1")
+        assert r.returncode == 0, r.stderr
+        check_gpu_output(r.stdout + r.stderr)
+        assert time.monotonic() - t < 10
+    finally:
+        for s in silent:
+            s.close()

@@ -120,7 +120,8 @@ def _verdict(records: list[list[str]], host_files: set) -> tuple[list, list]:
         key = (int(dev), int(ino))
         writable = kind == "f" and ro == "0" and sealed == "0" and int(werr) in (0, ETXTBSY)
         gateway = key == (host_root.st_dev, host_root.st_ino) or (key[0] == host_proc and kind == "d")
-        if (key in host_files and writable) or (gateway and phase != 1) or (key[0] == host_proc and writable):
+        own_proc = key[0] == host_proc and writable  # (runc's init holds its own /proc files as it sets up)
+        if (key in host_files and writable) or ((gateway or own_proc) and phase != 1):
             bad.append((pid, comm, link, werr, phase))
     return ours, bad
 

@@ -108,7 +108,7 @@ def test_the_lowest_version_the_fields_need():
     ("all", None, "all"),  # nothing asked for by name: the legacy value stands
 ])
 def test_named_gpus_replace_the_legacy_value(visible, annotation, expect):
-    from mounts.spec import parse_spec
+    from mounts.bundle import parse_spec
 
     config = {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
               "process": {"args": ["true"], "cwd": "/", "env": [f"NVIDIA_VISIBLE_DEVICES={visible}"]},

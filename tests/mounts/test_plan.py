@@ -5,12 +5,12 @@ import os
 import pytest
 
 from mounts import actions as A
+from mounts.bundle import load_bundle
 from mounts.driver import discover
 from mounts.elf import read_elf
 from mounts.errors import RequestError
 from mounts.plan import Layout, compute_plan, layout_of
 from mounts.request import gpu_request
-from mounts.spec import load_bundle
 
 GPU0 = "GPU-4d8f2f4a-6f6c-3b1e-9a1e-0d6f3c2b1a00"  # fixtures.GPUS[0], the one with MIG_LAYOUT
 DEB = Layout("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")

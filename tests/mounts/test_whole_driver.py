@@ -11,11 +11,12 @@ import fixtures
 import msgspec
 import pytest
 
+from mounts.bundle import load_bundle
 from mounts.driver import discover
 from mounts.errors import DriverError, RequestError
 from mounts.plan import compute_plan, layout_of
 from mounts.request import CAPABILITIES, gpu_request, parse_capabilities
-from mounts.spec import Spec, load_bundle
+from mounts.spec import Spec
 
 GPU0, GPU1 = fixtures.GPUS[0][2], fixtures.GPUS[1][2]
 

@@ -129,3 +129,52 @@ def test_a_server_not_roots_is_not_asked(client, tmp_path):
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
+
+
+def test_a_server_that_never_answers_is_left_after_the_deadline(tmp_path):
+    """Built with a 1 s deadline: a server that takes the request and then says nothing is
+    given up on, and the Python hook does the work."""
+    client = tmp_path / "sandbox-hook"
+    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-DREPLY_TIMEOUT=1", "-o", str(client), str(SOURCE)],
+                   check=True)
+    path = tmp_path / "s.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.bind(str(path))
+    s.listen(1)
+    held = []
+    t = threading.Thread(target=lambda: held.append(s.accept()[0]))
+    t.start()
+    try:
+        r = hook(str(client), path)
+        assert r.returncode == 7 and r.stdout == STATE.encode(), r.stderr
+        assert b"no answer from the hook server" in r.stderr and b"in 1 s" in r.stderr
+    finally:
+        t.join(10)
+        for conn in held:
+            conn.close()
+        s.close()
+
+
+def test_a_full_listen_queue_is_left_at_once(client, tmp_path):
+    """listen(0), never accepted, its queue filled: connect gives up within its 1 s."""
+    path = tmp_path / "s.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.bind(str(path))
+    s.listen(0)
+    fillers = []
+    try:
+        for _ in range(4):
+            f = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            f.setblocking(False)
+            try:
+                f.connect(str(path))
+            except BlockingIOError:
+                f.close()
+                break
+            fillers.append(f)
+        r = hook(client, path)
+        assert r.returncode == 7 and r.stdout == STATE.encode(), r.stderr
+    finally:
+        for f in fillers:
+            f.close()
+        s.close()

@@ -1,0 +1,125 @@
+"""Faults and odd paths (runc's answers on the same inputs): no hang, no write outside the
+state directory, one line naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import pytest
+
+from tests.integration.test_runtime import errors, rt
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+
+def test_a_full_console_socket_fails_at_once(make_bundle, tmp_path):
+    """listen(0) and its queue full: create fails within a second, one line, nothing left
+    (runc: connect: resource temporarily unavailable)."""
+    bundle = make_bundle(["true"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["terminal"] = True
+    (bundle / "config.json").write_text(json.dumps(spec))
+    path = tmp_path / "console.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(0)
+    fillers = []
+    try:
+        while True:
+            f = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            f.setblocking(False)
+            try:
+                f.connect(str(path))
+            except BlockingIOError:
+                f.close()
+                break
+            fillers.append(f)
+        t = time.monotonic()
+        r = rt(tmp_path, "create", "--bundle", bundle, "--console-socket", path, "con1")
+        assert time.monotonic() - t < 5
+        assert r.returncode == 1 and len(errors(r)) == 1, r.stderr
+        assert f"--console-socket {path}: cannot connect: Resource temporarily unavailable" in r.stderr
+        assert not (tmp_path / "state" / "con1").exists()
+    finally:
+        for f in fillers:
+            f.close()
+        listener.close()
+
+
+def test_a_symlinked_state_directory_is_never_followed(tmp_path):
+    """ROOT/ID a link to another directory with files of those names: state says it is no
+    state directory, delete refuses, delete --force removes the link alone (as runc), and
+    the id can be created again."""
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("state.json", "state.json.tmp", "exec.fifo"):
+        (other / name).write_text("precious")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "l1").symlink_to(other)
+    r = rt(tmp_path, "state", "l1")
+    assert r.returncode == 1 and "not a state directory" in r.stderr and len(errors(r)) == 1, r.stderr
+    r = rt(tmp_path, "delete", "l1")
+    assert r.returncode == 1 and "not a state directory" in r.stderr, r.stderr
+    assert sorted(os.listdir(other)) == ["exec.fifo", "state.json", "state.json.tmp"]
+    assert rt(tmp_path, "delete", "--force", "l1").returncode == 0
+    assert not (tmp_path / "state" / "l1").exists() and sorted(os.listdir(other)) == [
+        "exec.fifo", "state.json", "state.json.tmp"]
+    assert all((other / n).read_text() == "precious" for n in os.listdir(other))
+    assert rt(tmp_path, "list", "-q").returncode == 0
+
+
+def test_root_naming_a_file_is_one_line(tmp_path, make_bundle):
+    (tmp_path / "state").write_text("")
+    for verb in (["state", "x"], ["list"], ["delete", "x"], ["create", "--bundle", str(make_bundle(["true"])), "x"]):
+        r = rt(tmp_path, *verb)
+        assert r.returncode == 1 and errors(r) == [f"sandbox {verb[0]}: --root {tmp_path / 'state'}: not a directory"], \
+            (verb, r.stderr)
+
+
+def test_a_config_too_big_is_one_line_naming_it(make_bundle, tmp_path):
+    from mounts.bundle import MAX_CONFIG
+
+    bundle = make_bundle(["true"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["annotations"] = {"big": "x" * (MAX_CONFIG + 10)}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = rt(tmp_path, "create", "--bundle", bundle, "big1")
+    assert r.returncode == 2 and len(errors(r)) == 1, r.stderr
+    assert f"{bundle}/config.json: " in r.stderr and "byte limit" in r.stderr
+    assert not (tmp_path / "state" / "big1").exists()
+
+
+def test_an_init_killed_during_create_is_named(make_bundle, driver_root, tmp_path):
+    """SIGKILL the init while a GPU create is still setting it up: the error says the
+    container's init died and of which signal (it said the gofer exited with status 0)."""
+    import subprocess
+    import sys
+
+    from tests.integration.helpers import children
+
+    bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"])
+    said = []
+    for n in range(6):
+        p = subprocess.Popen([sys.executable, "-m", "sandbox.cli", "--root", str(tmp_path / "s"), "--driver-root",
+                              str(driver_root), "create", "--bundle", str(bundle), f"k{n}"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        killed = False
+        deadline = time.monotonic() + 10
+        while not killed and p.poll() is None and time.monotonic() < deadline:
+            for gofer in children(p.pid):  # the init: the gofer's child, or ours once it is orphaned
+                for init in children(gofer) + [c for c in children(p.pid) if c != gofer]:
+                    time.sleep(0.01 * n)
+                    try:
+                        os.kill(init, 9)
+                        killed = True
+                    except ProcessLookupError:
+                        pass
+        p.wait(timeout=30)
+        said.append(p.stderr.read())
+        subprocess.run([sys.executable, "-m", "sandbox.cli", "--root", str(tmp_path / "s"), "delete", "--force",
+                        f"k{n}"], capture_output=True)
+    assert not any("gofer exited with status 0" in s for s in said), said
+    assert any("the container's init was killed by signal 9 before it was ready" in s for s in said), said

@@ -1,0 +1,159 @@
+"""The validator, rule by rule (runc 1.1's configs/validate and specconv, and ours): each
+bad spec is one BundleError naming config.json and the field; each good one passes. Pure:
+no fixtures, no root."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import pytest
+
+from mounts.bundle import CHECKS, MAX_CONFIG, load_bundle, parse_process, parse_spec, read_config
+from mounts.errors import BundleError
+
+BASE = {
+    "ociVersion": "1.0.2",
+    "process": {"args": ["true"], "cwd": "/", "user": {"uid": 0, "gid": 0}},
+    "root": {"path": "rootfs"},
+    "hostname": "box",
+    "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]},
+}
+
+
+def spec_with(**changes) -> dict:
+    spec = copy.deepcopy(BASE)
+    for dotted, value in changes.items():
+        node = spec
+        *parents, last = dotted.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is _DELETE:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return spec
+
+
+_DELETE = object()
+NS = [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]
+
+# (rule, the spec's changes, what the one line must name)
+BAD = [
+    ("M4 cwd empty", {"process__cwd": ""}, "process.cwd: must not be empty"),
+    ("M4 cwd missing", {"process__cwd": _DELETE}, "process.cwd: must not be empty"),
+    ("M5 cwd relative", {"process__cwd": "tmp"}, "process.cwd: 'tmp' is not an absolute path"),
+    ("M6 args empty", {"process__args": []}, "process.args"),
+    ("M11 rlimit type", {"process__rlimits": [{"type": "RLIMIT_NOPE", "hard": 1, "soft": 1}]},
+     "process.rlimits[0].type"),
+    ("S5 device type", {"linux__devices": [{"path": "/dev/x", "type": "z", "major": 1, "minor": 1}]},
+     "linux.devices[0].type"),
+    ("S10 rule access missing", {"linux__resources": {"devices": [{"allow": False}]}},
+     "linux.resources.devices[0].access"),
+    ("S10 rule access empty", {"linux__resources": {"devices": [{"allow": False, "access": ""}]}},
+     "linux.resources.devices[0].access"),
+    ("S11 rule type", {"linux__resources": {"devices": [{"allow": False, "type": "x", "access": "rwm"}]}},
+     "linux.resources.devices[0].type"),
+    ("S14 propagation", {"linux__rootfsPropagation": "sideways"}, "linux.rootfsPropagation"),
+    ("S16 namespace type", {"linux__namespaces": NS + [{"type": "time"}]}, "linux.namespaces[5].type"),
+    ("S17 namespace twice", {"linux__namespaces": NS + [{"type": "pid", "path": "/proc/1/ns/pid"}]},
+     "linux.namespaces[5]: the pid namespace is named twice"),
+    ("S18 new userns without maps", {"linux__namespaces": NS + [{"type": "user"}]}, "linux.uidMappings"),
+    ("S19 root unmapped", {"linux__namespaces": NS + [{"type": "user"}],
+                           "linux__uidMappings": [{"containerID": 1, "hostID": 1000, "size": 10}],
+                           "linux__gidMappings": [{"containerID": 0, "hostID": 1000, "size": 10}]},
+     "linux.uidMappings: the container's root (0) is not mapped"),
+    ("S23 seccomp arch", {"linux__seccomp": {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_VAX"]}},
+     "linux.seccomp.architectures"),
+    ("S24 seccomp default", {"linux__seccomp": {"defaultAction": "SCMP_ACT_MAYBE"}}, "linux.seccomp.defaultAction"),
+    ("S25 seccomp action", {"linux__seccomp": {"defaultAction": "SCMP_ACT_ALLOW",
+                                               "syscalls": [{"names": ["read"], "action": "NOPE"}]}},
+     "linux.seccomp.syscalls[0].action"),
+    ("S26 seccomp op", {"linux__seccomp": {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+        {"names": ["read"], "action": "SCMP_ACT_ERRNO", "args": [{"index": 0, "value": 1, "op": "SCMP_CMP_ABOUT"}]}]}},
+     "linux.seccomp.syscalls[0].args[0].op"),
+    ("P2 notify default", {"linux__seccomp": {"defaultAction": "SCMP_ACT_NOTIFY", "listenerPath": "/x"}},
+     "SCMP_ACT_NOTIFY cannot be the default action"),
+    ("P5 notify listener", {"linux__seccomp": {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+        {"names": ["read"], "action": "SCMP_ACT_NOTIFY"}]}}, "needs linux.seccomp.listenerPath"),
+    ("V6 hostname without uts", {"linux__namespaces": [{"type": "mount"}]}, "hostname: cannot be set without a UTS"),
+    ("V9b maps without userns", {"linux__uidMappings": [{"containerID": 0, "hostID": 1000, "size": 1}]},
+     "linux.uidMappings: mappings without a user namespace"),
+    ("V10a ipc sysctl, host ipc", {"linux__namespaces": [{"type": "mount"}], "hostname": _DELETE,
+                                   "linux__sysctl": {"kernel.shmmax": "1"}}, "linux.sysctl: 'kernel.shmmax'"),
+    ("V10b net sysctl, host net", {"linux__namespaces": [{"type": "mount"}, {"type": "network",
+                                                                             "path": "/proc/self/ns/net"}],
+                                   "hostname": _DELETE, "linux__sysctl": {"net.ipv4.ip_forward": "1"}},
+     "linux.sysctl: 'net.ipv4.ip_forward'"),
+    ("V10c kernel.hostname", {"linux__sysctl": {"kernel.hostname": "x"}}, "conflicts with the hostname field"),
+    ("V10d other sysctl", {"linux__sysctl": {"vm.swappiness": "1"}}, "linux.sysctl: 'vm.swappiness'"),
+    ("sysctl outside /proc/sys", {"linux__sysctl": {"net/../../1/root": "1"}}, "linux.sysctl"),
+    ("V11 intelRdt", {"linux__intelRdt": {"closID": "x"}}, "linux.intelRdt"),
+    ("version", {"ociVersion": "2.0.0"}, "ociVersion"),
+    ("uid range", {"process__user__uid": 1 << 32}, "process.user.uid: 4294967296 is out of range"),
+    ("oomScoreAdj", {"process__oomScoreAdj": 1001}, "process.oomScoreAdj"),
+    ("ioPriority", {"process__ioPriority": {"class": "IOPRIO_CLASS_RT", "priority": 8}}, "process.ioPriority.priority"),
+    ("capability", {"process__capabilities": {"bounding": ["CAP_FLY"]}}, "process.capabilities.bounding"),
+    ("fileMode", {"linux__devices": [{"path": "/dev/x", "type": "c", "major": 1, "minor": 3, "fileMode": 1 << 20}]},
+     "linux.devices[0].fileMode"),
+    ("personality", {"linux__personality": {"domain": "SUNOS"}}, "linux.personality.domain"),
+]
+
+
+@pytest.mark.parametrize("rule,changes,named", BAD, ids=[b[0] for b in BAD])
+def test_each_rule_refuses_in_one_line(rule, changes, named):
+    with pytest.raises(BundleError) as e:
+        parse_spec(json.dumps(spec_with(**changes)).encode(), "/b/config.json")
+    message = str(e.value)
+    assert message.startswith("/b/config.json: ") and named in message and "\n" not in message, message
+    assert e.value.exit_code == 2
+
+
+GOOD = [
+    ("the base", {}),
+    ("S6 fileMode with the type's bits, dropped as runc drops them",
+     {"linux__devices": [{"path": "/dev/x", "type": "c", "major": 1, "minor": 3, "fileMode": 0o20666}]}),
+    ("S21 empty seccomp: no filter", {"linux__seccomp": {}}),
+    ("V10 slash-separated sysctl", {"linux__sysctl": {"net/ipv4/ip_forward": "1"}}),
+    ("V10a ipc sysctl in a joined ipc namespace",
+     {"linux__namespaces": NS[:2] + [{"type": "ipc", "path": "/proc/1/ns/ipc"}] + NS[3:],
+      "linux__sysctl": {"kernel.shmmax": "1"}}),
+    ("V10c kernel.domainname", {"linux__sysctl": {"kernel.domainname": "x"}}),
+    ("a joined user namespace without maps", {"linux__namespaces": NS + [{"type": "user", "path": "/x"}]}),
+]
+
+
+@pytest.mark.parametrize("rule,changes", GOOD, ids=[g[0] for g in GOOD])
+def test_what_runc_runs_passes(rule, changes):
+    spec = parse_spec(json.dumps(spec_with(**changes)).encode())
+    if "seccomp" in rule:
+        assert spec.linux.seccomp is None
+
+
+def test_every_check_is_a_plain_function_of_the_spec():
+    assert all(callable(c) and c.__doc__ is not None or c.__name__.startswith("_") for c in CHECKS)
+    assert len(set(CHECKS)) == len(CHECKS)
+
+
+def test_an_exec_process_file_is_checked_as_configs_process(tmp_path):
+    base = parse_spec(json.dumps(BASE).encode())
+    with pytest.raises(BundleError, match="--process p: process.cwd: 'x' is not an absolute path"):
+        parse_process(json.dumps({"args": ["sh"], "cwd": "x"}).encode(), base, "--process p")
+    assert parse_process(json.dumps({"args": ["sh"], "cwd": "/"}).encode(), base, "p").args == ["sh"]
+
+
+def test_config_files_are_regular_and_bounded(tmp_path):
+    with pytest.raises(BundleError, match="/dev/zero: not a regular file"):
+        read_config("/dev/zero", "")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(BundleError, match="not a regular file"):  # and no hang
+        read_config(str(fifo), "")
+    big = tmp_path / "config.json"
+    with open(big, "wb") as f:
+        f.truncate(MAX_CONFIG + 1)
+    with pytest.raises(BundleError, match=f"{big}: {MAX_CONFIG + 1} bytes is over the {MAX_CONFIG} byte limit"):
+        read_config(str(big), "")
+    with pytest.raises(BundleError, match="no such directory"):
+        load_bundle(str(tmp_path / "missing"))
