@@ -73,6 +73,44 @@ def _is_plain(dirfd: int, name: str) -> bool:
 USE_MOUNT_API = True
 
 
+class _DirCache(dict[str, int]):
+    """Directory fds by their path ("a/b"), with the paths kept sorted too: those at or below
+    one path (what a new mount hides) are found by bisection, not by a scan of all (10,000
+    spec mounts made that quadratic)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._keys: list[str] = []
+
+    def __setitem__(self, key: str, fd: int) -> None:
+        if key not in self:
+            import bisect
+
+            bisect.insort(self._keys, key)
+        super().__setitem__(key, fd)
+
+    def pop(self, key: str, *default):
+        if key in self:
+            import bisect
+
+            del self._keys[bisect.bisect_left(self._keys, key)]
+        return super().pop(key, *default)
+
+    def clear(self) -> None:
+        super().clear()
+        self._keys.clear()
+
+    def at_or_below(self, key: str) -> list[str]:
+        """``key`` itself if cached, and every cached path under it ("key/..."): those sort
+        together, from "key/" up to "key0" ("0" follows "/")."""
+        import bisect
+
+        if not key:  # the root: everything
+            return list(self._keys)
+        below = self._keys[bisect.bisect_left(self._keys, key + "/"):bisect.bisect_left(self._keys, key + "0")]
+        return ([key] if key in self else []) + below
+
+
 class Root:
     """The rootfs at ``path`` (already a mount point in our private namespace)."""
 
@@ -86,7 +124,7 @@ class Root:
         self.overlays: dict[tuple[int, int], int] = {}  # lower dir (dev, ino) -> overlay root fd
         self._scratch: int | None = None
         self.scratch_files = 0  # files written into the scratch tmpfs (gofer/gpu.py bind_content)
-        self._dirs: dict[str, int] = {}  # resolved directories by path, owned here
+        self._dirs = _DirCache()  # resolved directories by path, owned here
         self.created = 0  # entries created (mount points, dirs, links): for the trace
 
     def close(self) -> None:
@@ -427,7 +465,7 @@ class Root:
             raise MountError(unsafe_path, str(e)) from None
         # cached fds at or under it name what is now hidden; later lookups must see the mount
         key = "/".join(p for p in unsafe_path.split("/") if p not in ("", "."))
-        for k in [k for k in self._dirs if k == key or k.startswith(key + "/")]:
+        for k in self._dirs.at_or_below(key):
             stale = self._dirs.pop(k)
             if stale not in self.overlays.values() and stale != self.fd:
                 os.close(stale)

@@ -7,7 +7,6 @@ of one line naming the file and the field.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 
 import msgspec
@@ -178,6 +177,8 @@ def _sysctl(spec: Spec) -> None:
     plain characters, "." or "/" separated (every "." becomes "/" under /proc/sys, so no
     key reaches outside it); values are one line."""
     namespaces = {ns.type: ns.path for ns in spec.linux.namespaces}
+    if spec.linux.sysctl:
+        import re  # (~10 ms to import: only for a spec that needs it)
     for key, value in spec.linux.sysctl.items():
         if not re.fullmatch(r"[A-Za-z0-9_-]+([./][A-Za-z0-9_-]+)*", key) or "\n" in value:
             raise Invalid("linux.sysctl", f"{key!r} is not a sysctl name (or its value has a newline)")
@@ -207,6 +208,8 @@ def _resources(spec: Spec) -> None:
             value = getattr(rule, name)
             if value is not None and value != -1:
                 _range(value, 0, UINT32_MAX, f"linux.resources.devices[{i}].{name}")
+    if r.hugepage_limits or r.rdma or (r.network and r.network.priorities) or r.unified:
+        import re
     for i, h in enumerate(r.hugepage_limits):
         if not re.fullmatch(r"[0-9]+[KMG]B", h.page_size):
             raise Invalid(f"linux.resources.hugepageLimits[{i}].pageSize", f"{h.page_size!r} is not a page size "

@@ -31,8 +31,14 @@ if not os.access(SANDBOX[0], os.X_OK):
 
 
 def bundle_with_mounts(work: Path, n: int) -> Path:
+    """A copy of the Debian fixture rootfs with the N mount points made (neither runtime
+    then writes into an image, and the fixture stays as it is)."""
     bundle = work / f"b{n}"
-    spec = fixtures.default_spec(["true"], [], str(fixtures.rootfs("debian")))
+    rootfs = work / f"rootfs{n}"
+    shutil.copytree(fixtures.rootfs("debian"), rootfs, symlinks=True)
+    for i in range(n):
+        (rootfs / f"tmp/m{i}").mkdir()
+    spec = fixtures.default_spec(["true"], [], str(rootfs))
     spec["mounts"] += [{"destination": f"/tmp/m{i}", "type": "tmpfs", "source": "tmpfs", "options": ["size=64k"]}
                        for i in range(n)]
     bundle.mkdir()

@@ -103,3 +103,20 @@ def test_hostile_rootfs_both_resolvers(case, openat2, tmp_path, rootfs_debian, d
     out = apply_in_child(bundle, root, driver_root, openat2=openat2)
     assert all(m.startswith(str(root) + "/") or m == str(root) for m in out["added"]), out["added"]
     assert (tree(host), tree(root), mount_table()) == before
+
+
+def test_the_dir_cache_finds_what_a_mount_hides():
+    """A new mount at a path hides the cached directories at and below it, and only those
+    ("a/b-x" sorts between "a/b" and "a/b/c"); found by bisection, not a scan."""
+    from gofer.root import _DirCache
+
+    cache = _DirCache()
+    for n, key in enumerate(["a", "a/b", "a/b-x", "a/b/c", "a/b/c/d", "a/bc", "b", "a/b0"]):
+        cache[key] = n
+    assert sorted(cache.at_or_below("a/b")) == ["a/b", "a/b/c", "a/b/c/d"]
+    assert cache.at_or_below("a/b/c/d") == ["a/b/c/d"] and cache.at_or_below("z") == []
+    assert sorted(cache.at_or_below("")) == sorted(cache)
+    cache.pop("a/b/c")
+    assert sorted(cache.at_or_below("a/b")) == ["a/b", "a/b/c/d"]
+    cache.clear()
+    assert cache.at_or_below("a") == [] and not cache
