@@ -85,6 +85,25 @@ def _below(root: str, mine: str, path: str) -> str:
     return os.path.join(root, rel)
 
 
+def write_file(d: str, name: str, value: str, what: str = "") -> None:
+    """One value into the cgroup file ``d/name``; errors name the file (and the spec field)."""
+    path = os.path.join(d, name)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise SandboxError(f"{what or 'linux.resources'}: {path}: no such file (is the "
+                           f"{name.split('.')[0]} controller available here?)", op="cgroup", path=path) from None
+    except OSError as e:
+        raise SandboxError(f"{path}: {e.strerror}", op="cgroup", path=path) from None
+    try:
+        os.write(fd, value.encode())
+    except OSError as e:
+        raise SandboxError(f"{what + ': ' if what else ''}{path}: cannot write {value!r}: {e.strerror}",
+                           op="cgroup", path=path) from None
+    finally:
+        os.close(fd)
+
+
 class _Cgroup:
     """What both layouts share: the directories (one per hierarchy), making them (and
     remembering which we made, so only those are removed), writing their files, joining."""
@@ -131,21 +150,7 @@ class _Cgroup:
         return made
 
     def _write(self, d: str, name: str, value: str, what: str = "") -> None:
-        path = os.path.join(d, name)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            raise SandboxError(f"{what or 'linux.resources'}: {path}: no such file (is the "
-                               f"{name.split('.')[0]} controller available here?)", op="cgroup", path=path) from None
-        except OSError as e:
-            raise SandboxError(f"{path}: {e.strerror}", op="cgroup", path=path) from None
-        try:
-            os.write(fd, value.encode())
-        except OSError as e:
-            raise SandboxError(f"{what + ': ' if what else ''}{path}: cannot write {value!r}: {e.strerror}",
-                               op="cgroup", path=path) from None
-        finally:
-            os.close(fd)
+        write_file(d, name, value, what)
 
     def add(self, pid: int) -> None:
         for d in dict.fromkeys(self.dirs.values()):
@@ -434,6 +439,26 @@ def container_cgroup(path: str) -> Cgroup | Cgroup2 | None:
         return Cgroup2(path)
     cgroup = Cgroup(path)
     return cgroup if cgroup.dirs else None
+
+
+def update(dirs: list[str], resources) -> None:
+    """New limits for a container's existing cgroup directories (``sandbox update``), in the
+    same files and conversions as at create; the device rules are not touched."""
+    if unified():
+        d = dirs[0]
+        for name, value, what in v2_files(resources, lambda f: os.path.exists(os.path.join(d, f))):
+            write_file(d, name, str(value), what)
+        return
+    by_ctrl = {}
+    for d in dirs:
+        for ctrl in os.path.basename(hierarchy(d)).split(","):
+            by_ctrl[ctrl] = d
+    for ctrl, name, value, what in v1_files(resources):
+        if ctrl not in by_ctrl:
+            raise SandboxError(f"{what}: the container has no {ctrl} cgroup to update")
+        if name in ("blkio.weight", "blkio.leaf_weight") and not os.path.exists(os.path.join(by_ctrl[ctrl], name)):
+            name = "blkio.bfq.weight"  # the BFQ scheduler's name for it (runc's fallback)
+        write_file(by_ctrl[ctrl], name, str(value), what)
 
 
 def hierarchy(d: str) -> str:

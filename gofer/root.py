@@ -17,6 +17,7 @@ See docs/design.md, "The root".
 
 from __future__ import annotations
 
+import bisect
 import errno
 import os
 import re
@@ -84,15 +85,11 @@ class _DirCache(dict[str, int]):
 
     def __setitem__(self, key: str, fd: int) -> None:
         if key not in self:
-            import bisect
-
             bisect.insort(self._keys, key)
         super().__setitem__(key, fd)
 
     def pop(self, key: str, *default):
         if key in self:
-            import bisect
-
             del self._keys[bisect.bisect_left(self._keys, key)]
         return super().pop(key, *default)
 
@@ -103,8 +100,6 @@ class _DirCache(dict[str, int]):
     def at_or_below(self, key: str) -> list[str]:
         """``key`` itself if cached, and every cached path under it ("key/..."): those sort
         together, from "key/" up to "key0" ("0" follows "/")."""
-        import bisect
-
         if not key:  # the root: everything
             return list(self._keys)
         below = self._keys[bisect.bisect_left(self._keys, key + "/"):bisect.bisect_left(self._keys, key + "0")]

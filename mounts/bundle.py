@@ -29,6 +29,7 @@ from mounts.spec import (
     UINT32_MAX,
     Capabilities,
     Process,
+    Resources,
     Spec,
 )
 
@@ -194,11 +195,13 @@ def _sysctl(spec: Spec) -> None:
 
 
 def _resources(spec: Spec) -> None:
+    if spec.linux.resources is not None:
+        check_resources(spec.linux.resources)
+
+
+def check_resources(r: Resources) -> None:
     """Device rules as runc's specconv takes them; what goes into a cgroup file's name or a
-    line of it: never a path, never a newline."""
-    r = spec.linux.resources
-    if r is None:
-        return
+    line of it: never a path, never a newline (also ``sandbox update``'s)."""
     for i, rule in enumerate(r.devices):
         if rule.type not in (None, "", "a", "b", "c"):
             raise Invalid(f"linux.resources.devices[{i}].type", f"{rule.type!r} is not a, b or c")

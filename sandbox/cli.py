@@ -25,12 +25,21 @@ VERBS = {
     "delete": "delete a stopped container (--force: any)",
     "list": "list the containers",
     "ps": "list the processes of a container",
+    "update": "change a running container's resource limits (runc's update)",
     "features": "print the runtime's features as JSON",
     "plan": "print the GPU mount plan for a bundle",
     "trace": "print (or draw) the phases of a startup trace",
     "hook": "OCI prestart/createRuntime hook for runc and crun (hook install: add it to a bundle)",
     "cdi": "CDI: generate our spec, list the devices the specs define, or run our spec's hook",
 }
+# runc update's single-value flags (and the linux.resources field each one sets)
+UPDATE_FLAGS = {
+    "--blkio-weight": "blockIO.weight", "--cpu-period": "cpu.period", "--cpu-quota": "cpu.quota",
+    "--cpu-rt-period": "cpu.realtimePeriod", "--cpu-rt-runtime": "cpu.realtimeRuntime", "--cpu-share": "cpu.shares",
+    "--cpuset-cpus": "cpu.cpus", "--cpuset-mems": "cpu.mems", "--kernel-memory": "memory.kernel",
+    "--kernel-memory-tcp": "memory.kernelTCP", "--memory": "memory.limit", "--memory-reservation":
+    "memory.reservation", "--memory-swap": "memory.swap", "--pids-limit": "pids.limit",
+    "--l3-cache-schema": "intelRdt", "--mem-bw-schema": "intelRdt"}
 # Global options that take a value (scanned before argparse, to find the verb early).
 GLOBAL_VALUES = ("--root", "--log", "--log-format", "--driver-root", "--dev-root", "--config", "--criu",
                  "--rootless", "--cdi-spec-dir")
@@ -83,7 +92,10 @@ def parser():
 
     class Parser(argparse.ArgumentParser):
         def error(self, message):  # one line, as every other error (argparse prints usage too)
-            self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+            line = f"{self.prog}: {message} (see {self.prog} --help)"
+            _log(_log_flags(_ARGV), line)  # where an engine's shim looks, first
+            _stderr(line)
+            raise SystemExit(2)
 
     ap = Parser(prog="sandbox", description=__doc__.split("\n")[0])
     _globals(ap, suppress=False)
@@ -141,6 +153,13 @@ def parser():
     p = sub.add_parser("ps", help=VERBS["ps"])
     _globals(p, suppress=True)
     p.add_argument("-f", "--format", choices=["table", "json"], default="table")
+    _container(p)
+
+    p = sub.add_parser("update", help=VERBS["update"])
+    _globals(p, suppress=True)
+    p.add_argument("-r", "--resources", metavar="FILE", help="linux.resources as JSON ('-': stdin)")
+    for flag, what in UPDATE_FLAGS.items():
+        p.add_argument(flag, metavar="VALUE", help=what)
     _container(p)
 
     p = sub.add_parser("exec", help=VERBS["exec"])
@@ -364,6 +383,32 @@ def _log(args, msg: str) -> None:
         pass
 
 
+_ARGV: list[str] = []  # the command line main() was given (for an argparse error's --log)
+
+
+def _log_flags(argv: list[str]):
+    """--log and --log-format from a command line argparse could not read."""
+    import types
+
+    found = {"log": None, "log_format": "text"}
+    for i, a in enumerate(argv):
+        for flag, key in (("--log", "log"), ("--log-format", "log_format")):
+            if a == flag and i + 1 < len(argv):
+                found[key] = argv[i + 1]
+            elif a.startswith(flag + "="):
+                found[key] = a.split("=", 1)[1]
+    return types.SimpleNamespace(**found)
+
+
+def _stderr(line: str) -> None:
+    """One line on stderr, whatever state stdio is in (closed, read-only, a full pipe)."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
 def _one_line(e: BaseException) -> str:
     """An error as one line: a plain OSError as "PATH: what" (never "[Errno N] ...")."""
     if isinstance(e, OSError) and type(e).__str__ is OSError.__str__ and e.strerror:
@@ -392,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         from sandbox.fork import spawn_gofer
 
         gofer = spawn_gofer()
+    _ARGV[:] = argv
     args = hook_args(argv) or lean_args(argv) or parser().parse_args(argv)
     from mounts.errors import SandboxError
 
@@ -410,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
             from sandbox import delete_cmd as mod
         elif args.verb == "exec":
             from sandbox import exec_cmd as mod
+        elif args.verb == "update":
+            from sandbox import update_cmd as mod
         elif args.verb == "features":
             from sandbox import features_cmd as mod
         elif args.verb == "trace":
@@ -423,12 +471,12 @@ def main(argv: list[str] | None = None) -> int:
         return mod.main(args, gofer) if gofer is not None else mod.main(args)
     except (SandboxError, OSError) as e:  # a SyscallError names its operation and path
         msg = f"sandbox {args.verb}: {_one_line(e)}"
+        _log(args, msg)  # first: under an engine's shim stderr may be /dev/null, read-only
         if getattr(args, "debug", False):
             import traceback
 
             traceback.print_exc()
-        print(msg, file=sys.stderr)
-        _log(args, msg)
+        _stderr(msg)
         return e.exit_code if isinstance(e, SandboxError) else 1
     except KeyboardInterrupt:
         return 130

@@ -349,3 +349,38 @@ def test_a_cgroup_with_host_processes_is_not_the_containers(occupied_cgroup, mak
     assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
     assert "already has 1 process(es)" in r.stderr and not (root / "occ2").exists()
     assert host.poll() is None
+
+
+def test_update_changes_the_limits_and_keeps_the_device_rules(make_bundle, tmp_path):
+    """runc's update: single-value flags (sizes as runc reads them) and --resources on stdin
+    land in the running container's cgroup; its device rules stay as they were."""
+    bundle = make_bundle(["sleep", "300"])
+    spec = json.loads((bundle / "config.json").read_text())
+    rel = f"sandbox-update-{os.getpid()}"
+    spec["linux"]["cgroupsPath"] = "/" + rel
+    spec["linux"]["resources"] = {"memory": {"limit": 128 << 20}, "pids": {"limit": 100},
+                                  "devices": [{"allow": False, "access": "rwm"}]}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    cli = [sys.executable, "-m", "sandbox.cli", "--root", str(tmp_path / "s")]
+    assert subprocess.run([*cli, "run", "-d", "-b", str(bundle), "up1"], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60).returncode == 0
+    mem, pids, dev = (f"/sys/fs/cgroup/{c}/{rel}" for c in ("memory", "pids", "devices"))
+    try:
+        rules = open(f"{dev}/devices.list").read()
+        r = subprocess.run([*cli, "update", "--memory", "64m", "--pids-limit", "50", "up1"], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert open(f"{mem}/memory.limit_in_bytes").read().strip() == str(64 << 20)
+        assert open(f"{pids}/pids.max").read().strip() == "50"
+        r = subprocess.run([*cli, "update", "-r", "-", "up1"], input=json.dumps(
+            {"memory": {"limit": 96 << 20}, "devices": [{"allow": True, "access": "rwm"}]}),
+            capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert open(f"{mem}/memory.limit_in_bytes").read().strip() == str(96 << 20)
+        assert open(f"{dev}/devices.list").read() == rules
+        r = subprocess.run([*cli, "update", "--memory", "lots", "up1"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "update --memory: 'lots' is not a size" in r.stderr, r.stderr
+    finally:
+        subprocess.run([*cli, "delete", "--force", "up1"], timeout=60)
+    r = subprocess.run([*cli, "update", "--memory", "1g", "up1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "does not exist" in r.stderr
