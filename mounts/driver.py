@@ -107,6 +107,8 @@ MAX_TEXT = 1 << 20  # a /proc file of the driver is a few hundred bytes
 MAX_CACHE = 64 << 20  # a host's ld.so.cache is well under a MiB
 
 
+POINT_AT_DRIVER = "point --driver-root (or driver-root in /etc/gpu-sandbox/config.toml) at the driver's files"
+
 def read_file(root: str, rel: str, limit: int = MAX_TEXT) -> tuple[str, bytes] | None:
     """(host path, content) of ``rel`` inside ``root`` (links resolved as if ``root`` were
     "/"), or None when it does not exist. Anything but a regular file of at most ``limit``
@@ -174,7 +176,7 @@ def _version(root: str, dev_root: str, cache: list[ldcache.Entry], resolver: Res
     if lib_version is not None:
         return lib_version
     raise DriverError(f"{root}: no NVIDIA driver found (no proc/driver/nvidia/version, "
-                      "no libcuda.so.<version> or libnvidia-ml.so.<version> in etc/ld.so.cache)")
+                      f"no libcuda.so.<version> or libnvidia-ml.so.<version> in etc/ld.so.cache): {POINT_AT_DRIVER}")
 
 
 def cuda_version(driver_version: str) -> str | None:
@@ -415,7 +417,7 @@ def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
                               f"(realpath gives {path}); give its real path")
     found = read_file(root, "etc/ld.so.cache", MAX_CACHE)
     if found is None:
-        raise DriverError(f"{root}: no etc/ld.so.cache under the driver root")
+        raise DriverError(f"{root}: no etc/ld.so.cache under the driver root: {POINT_AT_DRIVER}")
     try:
         cache = ldcache.parse(*found[::-1])
     except LdCacheError as e:

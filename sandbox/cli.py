@@ -97,7 +97,8 @@ def parser():
             _stderr(line)
             raise SystemExit(2)
 
-    ap = Parser(prog="sandbox", description=__doc__.split("\n")[0])
+    ap = Parser(prog="sandbox", description="Run OCI containers with the host's NVIDIA GPUs, as runc runs them "
+                "(the same verbs and flags, for podman, Docker and containerd), plus verbs of our own.")
     _globals(ap, suppress=False)
     ap.add_argument("--log", help="append errors (and --debug lines) to this file")
     ap.add_argument("--log-format", choices=["text", "json"], default="text")
@@ -109,7 +110,13 @@ def parser():
                     help="CDI specs here too (after /etc/cdi and /var/run/cdi)")
     ap.add_argument("--criu", help="accepted for runc's sake; checkpointing is not supported")
     ap.add_argument("--rootless", help="accepted for runc's sake; sandbox runs as root")
-    ap.add_argument("--version", "-v", action="version", version=f"sandbox version {VERSION}\nspec: 1.0.2")
+    class Version(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            print(version_text())
+            raise SystemExit(0)
+
+    ap.add_argument("--version", "-v", action=Version, nargs=0, default=argparse.SUPPRESS,
+                    help="version, commit, spec, libseccomp")
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     p = sub.add_parser("create", help=VERBS["create"])
@@ -353,11 +360,19 @@ def _resolve(args) -> None:
         if args.verb == "hook" and args.capabilities is None:
             args.capabilities = conf.capabilities
     if args.verb == "run":
-        # runc's `run [-b B] ID`, or ours: `run BUNDLE` (a directory with a config.json)
-        if args.bundle is None and os.path.isfile(os.path.join(args.target, "config.json")):
-            args.bundle, args.container_id = args.target, args.id
+        # runc's `run [-b B] ID`, or ours: `run BUNDLE` (a directory, or anything with a /,
+        # which no container id has: a missing bundle is then said to be one)
+        if args.bundle is None and ("/" in args.target or os.path.isdir(args.target)):
+            args.bundle = args.target
+            args.container_id = args.id
         else:
             args.container_id = args.target
+            if args.bundle is None and not os.path.exists("config.json"):
+                from mounts.errors import BundleError
+
+                raise BundleError(f"{args.target}: no such bundle directory, and the current directory "
+                                  f"{os.getcwd()} has no config.json for runc's `run ID` (sandbox run BUNDLE, "
+                                  "or run -b BUNDLE ID)")
     elif args.verb == "create":
         args.detach = True
 
@@ -400,6 +415,27 @@ def _log_flags(argv: list[str]):
     return types.SimpleNamespace(**found)
 
 
+def version_text() -> str:
+    """What runc's --version prints: version, commit, spec version, libseccomp's version."""
+    import ctypes
+    import subprocess
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        commit = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                                text=True, timeout=5).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2")
+        lib.seccomp_version.restype = ctypes.POINTER(ctypes.c_uint * 3)
+        major, minor, micro = lib.seccomp_version().contents
+        seccomp = f"{major}.{minor}.{micro}"
+    except (OSError, AttributeError):
+        seccomp = "not found"
+    return f"sandbox version {VERSION}\ncommit: {commit}\nspec: 1.0.2\nlibseccomp: {seccomp}"
+
+
 def _stderr(line: str) -> None:
     """One line on stderr, whatever state stdio is in (closed, read-only, a full pipe)."""
     try:
@@ -427,6 +463,11 @@ def main(argv: list[str] | None = None) -> int:
         if not sealed.sealed():
             sealed.exec_sealed()  # before any process the container could see exists
     if verb == "hook" and argv[1:2] != ["install"] and argv[1:2] != ["serve"]:
+        if os.isatty(0):
+            from sandbox.hook_cmd import HOW
+
+            _stderr(f"sandbox hook: the container's state is read on stdin, not from a terminal: {HOW}")
+            return 2
         from sandbox import hook_server
 
         code = hook_server.forward(argv)  # a warm server, if one listens

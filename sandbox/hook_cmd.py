@@ -23,6 +23,8 @@ import msgspec
 from mounts.errors import BundleError, SandboxError
 
 HOOK_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+HOW = ("runc and crun run the hook with the container's state on stdin; add it to a bundle with "
+       "`sandbox hook install BUNDLE`")
 class ContainerState(msgspec.Struct):
     """What runc and crun write to a hook's stdin."""
 
@@ -57,6 +59,8 @@ def run_hook(args, state_json: bytes) -> int:
 
     spans = Spans(bool(args.trace), os.getpid())
     t = time.monotonic_ns()
+    if not state_json.strip():
+        raise BundleError(f"container state on stdin: empty ({HOW})")
     try:
         state = msgspec.json.decode(state_json, type=ContainerState)
     except msgspec.DecodeError as e:

@@ -54,3 +54,35 @@ def test_a_fuzzed_command_line_is_read_alike_or_deferred():
         except SystemExit:
             raise AssertionError(f"lean accepts what argparse refuses: {argv}") from None
         assert vars(lean) == vars(full), argv
+
+
+def test_first_hour_messages(tmp_path, monkeypatch):
+    """Each one line with the fix in it."""
+    import subprocess
+    import sys
+
+    def cli(*argv, stdin=subprocess.DEVNULL, cwd=None):
+        return subprocess.run([sys.executable, "-m", "sandbox.cli", "--root", str(tmp_path / "s"), *argv],
+                              capture_output=True, text=True, stdin=stdin, cwd=cwd, timeout=60)
+
+    r = cli("run", str(tmp_path / "missing"))
+    assert r.returncode == 2 and r.stderr == f"sandbox run: {tmp_path}/missing: no such directory (the bundle: a " \
+        "directory with a config.json)\n", r.stderr
+    r = cli("run", "nope", cwd=tmp_path)
+    assert r.returncode == 2 and "nope: no such bundle directory" in r.stderr and "sandbox run BUNDLE" in r.stderr
+    r = cli("hook")
+    assert r.returncode == 2 and "empty" in r.stderr and "sandbox hook install BUNDLE" in r.stderr, r.stderr
+    lines = cli("--version").stdout.splitlines()
+    assert [line.split(":")[0].split(" ")[0] for line in lines] == ["sandbox", "commit", "spec", "libseccomp"]
+    r = cli("plan", str(tmp_path), "--driver-root", str(tmp_path))
+    assert r.returncode != 0 and len(r.stderr.splitlines()) == 1
+
+
+def test_no_driver_says_where_to_point(tmp_path):
+    import pytest
+
+    from mounts.driver import discover
+    from mounts.errors import DriverError
+
+    with pytest.raises(DriverError, match="--driver-root .or driver-root in /etc/gpu-sandbox/config.toml."):
+        discover(str(tmp_path), str(tmp_path))
