@@ -167,11 +167,12 @@ class Cgroup(_Cgroup):
     """cgroup v1: the container's cgroup in every controller's hierarchy; ``path`` absolute
     (under each controller's root) or relative to our own cgroup there (runc's rule)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, dirs: dict[str, str] | None = None):
         super().__init__()
-        # by the hierarchy's real directory: cpu and cpuacct -> cpu,cpuacct name the same cgroup
-        self.dirs = {ctrl: _below(os.path.realpath(os.path.join(ROOT, ctrl)), mine, path)
-                     for ctrl, mine in own_cgroups().items()}
+        # by the hierarchy's real directory: cpu and cpuacct -> cpu,cpuacct name the same cgroup;
+        # or ``dirs`` someone else made (systemd)
+        self.dirs = dirs if dirs is not None else {
+            ctrl: _below(os.path.realpath(os.path.join(ROOT, ctrl)), mine, path) for ctrl, mine in own_cgroups().items()}
 
     def create(self) -> None:
         for ctrl, d in self.dirs.items():
@@ -289,10 +290,10 @@ class Cgroup2(_Cgroup):
     relative to our own cgroup's parent (ours holds processes, and v2 lets only a cgroup
     without any give controllers to its children: runc's rule)."""
 
-    def __init__(self, path: str, root: str = ROOT):
+    def __init__(self, path: str, root: str = ROOT, dirs: dict[str, str] | None = None):
         super().__init__()
         self.root = root
-        self.dirs = {"unified": _below(root, os.path.dirname(own_unified()), path)}
+        self.dirs = dirs if dirs is not None else {"unified": _below(root, os.path.dirname(own_unified()), path)}
         self.rules: list[Rule] = []
 
     def create(self) -> None:

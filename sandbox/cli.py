@@ -104,7 +104,7 @@ def parser():
     ap.add_argument("--log-format", choices=["text", "json"], default="text")
     ap.add_argument("--debug", action="store_true", help="print a traceback with errors")
     ap.add_argument("--systemd-cgroup", action="store_true",
-                    help="the systemd cgroup manager (refused: sandbox uses cgroupfs)")
+                    help="the systemd cgroup manager: linux.cgroupsPath is slice:prefix:name, a transient scope unit")
     ap.add_argument("--config", help="config file (default $SANDBOX_CONFIG, else /etc/gpu-sandbox/config.toml)")
     ap.add_argument("--cdi-spec-dir", action="append", default=[], metavar="DIR",
                     help="CDI specs here too (after /etc/cdi and /var/run/cdi)")

@@ -45,6 +45,10 @@ def main(args) -> int:
             if time.monotonic() > deadline:
                 raise SandboxError(f"container {state.id!r}: pid {state.pid} did not die after SIGKILL")
             time.sleep(0.002)
+    if state.systemd_unit:
+        from gofer.systemd import stop
+
+        stop(state.systemd_unit)
     if state.cgroup_created:
         from gofer.cgroups import remove_dirs
 

@@ -7,7 +7,7 @@ import os
 import signal
 import socket
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sandbox.fork import Gofer
 
@@ -267,14 +267,16 @@ def _cgroup(spec, opts: Options, gofer: int, sd):
     from mounts.errors import SandboxError
     from sandbox.state import new_state
 
+    cgroup: Any
     if opts.systemd_cgroup:
-        # runc's rule: the systemd manager needs a running systemd, which creates the unit;
-        # we do not speak its D-Bus API (docs/design.md, "cgroups")
-        why = ("systemd is not running on this host" if not os.path.isdir("/run/systemd/system")
-               else "sandbox manages cgroups through cgroupfs only")
-        raise SandboxError(f"--systemd-cgroup: {why}: cannot use the systemd cgroup manager "
-                           "(run the engine with the cgroupfs manager)")
-    cgroup = container_cgroup(spec.linux.cgroups_path or opts.cid)
+        from gofer import systemd
+
+        if not systemd.running():  # (runc's rule and words)
+            raise SandboxError("--systemd-cgroup: systemd not running on this host, cannot use the systemd "
+                               "cgroups manager")
+        cgroup = systemd.SystemdCgroup(spec.linux.cgroups_path, opts.cid)
+    else:
+        cgroup = container_cgroup(spec.linux.cgroups_path or opts.cid)
     if cgroup is None:
         if spec.linux.resources is not None:
             raise SandboxError("linux.resources: no cgroup hierarchy is mounted under /sys/fs/cgroup "
@@ -282,6 +284,7 @@ def _cgroup(spec, opts: Options, gofer: int, sd):
         return None
     state = new_state(opts.cid, gofer, opts.bundle, foreground=opts.foreground, cgroup=cgroup)
     state.cgroup_created = cgroup.missing()
+    state.systemd_unit = getattr(cgroup, "unit", "")
     found = cgroup.members()
     if found:
         # Not ours: `kill --all` and `delete --force` signal the container's processes only

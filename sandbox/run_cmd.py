@@ -60,6 +60,10 @@ def main(args, gofer: Gofer | None = None) -> int:
         status = wait_container(pid)
         spans.add("supervise", t)
     _warn_hooks(run_hooks, hooks.poststop if hooks else [], "poststop", state)
+    if started.state.systemd_unit:
+        from gofer.systemd import stop
+
+        stop(started.state.systemd_unit)
     if started.state.cgroup_created:
         from gofer.cgroups import remove_dirs
 

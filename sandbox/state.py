@@ -29,13 +29,14 @@ class State:
     """What state.json holds; ``status`` is derived when it is loaded."""
 
     FIELDS = ("id", "pid", "bundle", "rootfs", "created", "owner", "annotations", "start_time", "creating",
-              "foreground", "poststart", "poststop", "cgroup", "cgroup_created", "pid_ns", "pid_ns_own")
+              "foreground", "poststart", "poststop", "cgroup", "cgroup_created", "pid_ns", "pid_ns_own",
+              "systemd_unit")
 
     def __init__(self, id: str, pid: int, bundle: str, rootfs: str = "", created: str = "", owner: str = "",
                  annotations: dict | None = None, start_time: int = 0, creating: bool = False,
                  foreground: bool = False, poststart: list | None = None, poststop: list | None = None,
                  cgroup: list | None = None, cgroup_created: list | None = None, pid_ns: int = 0,
-                 pid_ns_own: bool = False):
+                 pid_ns_own: bool = False, systemd_unit: str = ""):
         self.id, self.pid, self.bundle, self.rootfs, self.created, self.owner = id, pid, bundle, rootfs, created, owner
         self.annotations = annotations or {}
         self.start_time = start_time  # clock ticks after boot, /proc/PID/stat field 22
@@ -47,6 +48,7 @@ class State:
         self.cgroup_created = cgroup_created or []  # those we made: delete removes them
         self.pid_ns = pid_ns  # the init's pid namespace (inode; 0: not known)
         self.pid_ns_own = pid_ns_own  # made for it: every process in it is the container's
+        self.systemd_unit = systemd_unit  # --systemd-cgroup: the scope unit, stopped at delete
         self.status = "creating"
 
     def to_json(self) -> str:
@@ -308,7 +310,8 @@ def new_state(cid: str, pid: int, bundle: str, rootfs: str = "", annotations: di
 
         kept = {stage: msgspec.to_builtins(getattr(hooks, stage)) for stage in ("poststart", "poststop")}
     if cgroup is not None:
-        kept.update(cgroup=list(dict.fromkeys(cgroup.dirs.values())), cgroup_created=list(cgroup.created))
+        kept.update(cgroup=list(dict.fromkeys(cgroup.dirs.values())), cgroup_created=list(cgroup.created),
+                    systemd_unit=getattr(cgroup, "unit", ""))
     try:
         pid_ns = os.stat(f"/proc/{pid}/ns/pid").st_ino if not creating else 0
     except OSError:

@@ -47,6 +47,10 @@ def main(args) -> int:
 
     if not state.cgroup:
         raise SandboxError(f"container {state.id!r} has no cgroup to update")
+    if state.systemd_unit:  # the unit's properties first, as runc's systemd driver
+        from gofer import cgroups, systemd
+
+        systemd.set_properties(state.systemd_unit, systemd.resource_properties(r, cgroups.unified()))
     update(state.cgroup, r)
     return 0
 

@@ -1,0 +1,327 @@
+"""The systemd cgroup driver (``--systemd-cgroup``), as runc 1.1's: the container's cgroup is
+a transient scope unit that systemd makes over D-Bus (jeepney), under a slice, with the
+container's first process in it and the limits as unit properties; what systemd has no
+property for is written to the unit's cgroup files directly, as the cgroupfs driver writes
+them (gofer/cgroups.py).
+
+``linux.cgroupsPath`` is ``slice:prefix:name``: the unit is ``prefix-name.scope`` in
+``slice`` (``system.slice`` when empty; ``a-b.slice`` lives in ``a.slice``), or the slice
+``name`` itself when it ends in ``.slice``. Device rules: DevicePolicy=strict and a
+DeviceAllow entry per allowed node (systemd rewrites a v1 devices controller from these on
+every reload, so they must say what ours say), and our own program or v1 rules as with
+cgroupfs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from mounts.errors import SandboxError
+
+PRIVATE = "unix:path=/run/systemd/private"  # systemd's own socket (root's; no dbus-daemon needed)
+SYSTEMD = ("org.freedesktop.systemd1", "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager")
+JOB_TIMEOUT = 30.0  # s for systemd to start or stop a unit (runc's)
+
+
+def running() -> bool:
+    """systemd's own test (sd_booted): it is the init here."""
+    return os.path.isdir("/run/systemd/system")
+
+
+def unit_of(cgroups_path: str | None, cid: str) -> tuple[str, str]:
+    """(slice, unit) for ``linux.cgroupsPath`` (runc's rules; empty: system.slice,
+    sandbox-ID.scope)."""
+    if not cgroups_path:
+        return "system.slice", f"sandbox-{cid}.scope"
+    parts = cgroups_path.split(":")
+    if len(parts) != 3:
+        raise SandboxError(f'linux.cgroupsPath: expected "slice:prefix:name" for systemd cgroups, got '
+                           f"{cgroups_path!r}", code=2)
+    slice_, prefix, name = parts
+    slice_ = slice_ or "system.slice"
+    expand_slice(slice_)  # (checked)
+    if name.endswith(".slice"):
+        expand_slice(name)
+        return slice_, name
+    if not name or "/" in name or "/" in prefix:
+        raise SandboxError(f"linux.cgroupsPath: {cgroups_path!r}: the scope's name must be a plain name", code=2)
+    return slice_, f"{prefix}-{name}.scope" if prefix else f"{name}.scope"
+
+
+def expand_slice(slice_: str) -> str:
+    """``a-b-c.slice`` -> ``/a.slice/a-b.slice/a-b-c.slice`` (systemd's nesting by dashes)."""
+    if slice_ == "-.slice":
+        return "/"
+    if not slice_.endswith(".slice") or "/" in slice_ or slice_ == ".slice":
+        raise SandboxError(f"linux.cgroupsPath: invalid slice name {slice_!r}", code=2)
+    base = slice_[: -len(".slice")]
+    parts = base.split("-")
+    if any(not p for p in parts):
+        raise SandboxError(f"linux.cgroupsPath: invalid slice name {slice_!r}", code=2)
+    return "".join("/" + "-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
+
+
+class Bus:
+    """A connection to systemd: its private socket (as root's systemctl), else the system bus."""
+
+    def __init__(self) -> None:
+        from jeepney import DBusAddress
+        from jeepney.io.blocking import open_dbus_connection
+
+        self.manager = DBusAddress(SYSTEMD[1], bus_name=SYSTEMD[0], interface=SYSTEMD[2])
+        try:
+            self.conn = open_dbus_connection(PRIVATE)
+        except OSError:
+            from jeepney.bus_messages import message_bus
+
+            try:
+                self.conn = open_dbus_connection("SYSTEM")
+                self.conn.send_and_get_reply(message_bus.Hello(), timeout=5)
+            except OSError as e:
+                raise SandboxError(f"--systemd-cgroup: cannot reach systemd over D-Bus ({PRIVATE[10:]}, the "
+                                   f"system bus): {e.strerror or e}") from None
+
+    def call(self, method: str, signature: str | None, *body, what: str = ""):
+        from jeepney import new_method_call
+        from jeepney.wrappers import DBusErrorResponse, unwrap_msg
+
+        try:
+            reply = self.conn.send_and_get_reply(new_method_call(self.manager, method, signature, body),
+                                                 timeout=JOB_TIMEOUT)
+            return unwrap_msg(reply)
+        except DBusErrorResponse as e:
+            raise SystemdError(e.name, f"systemd {method} {what}: {e.name}: {' '.join(map(str, e.data))}") from None
+        except TimeoutError:
+            raise SandboxError(f"systemd {method} {what}: no answer in {JOB_TIMEOUT:.0f} s") from None
+
+    def unit_property(self, unit: str, interface: str, name: str):
+        from jeepney import DBusAddress, Properties
+        from jeepney.wrappers import DBusErrorResponse, unwrap_msg
+
+        (path,) = self.call("GetUnit", "s", unit, what=unit)
+        obj = DBusAddress(path, bus_name=SYSTEMD[0], interface=interface)
+        try:
+            (value,) = unwrap_msg(self.conn.send_and_get_reply(Properties(obj).get(name), timeout=JOB_TIMEOUT))
+        except DBusErrorResponse as e:
+            raise SystemdError(e.name, f"systemd: {unit} {name}: {e.name}") from None
+        return value[1]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class SystemdError(SandboxError):
+    def __init__(self, name: str, message: str):
+        super().__init__(message, op="systemd")
+        self.name = name
+
+
+def start_scope(unit: str, slice_: str, pid: int, properties: list[tuple[str, tuple[str, object]]]) -> str:
+    """StartTransientUnit, then wait until it is active; returns its cgroup (as systemd's
+    ControlGroup property names it, relative to the hierarchies' roots)."""
+    bus = Bus()
+    try:
+        kind = "Slice" if unit.endswith(".slice") else "Scope"
+        props = [("Description", ("s", f"sandbox container {unit}")), ("Slice", ("s", slice_)),
+                 ("DefaultDependencies", ("b", False)), ("Delegate", ("b", True)),
+                 ("MemoryAccounting", ("b", True)), ("CPUAccounting", ("b", True)),
+                 ("TasksAccounting", ("b", True)), ("IOAccounting", ("b", True)), *properties]
+        if kind == "Scope":
+            props.append(("PIDs", ("au", [pid])))
+        bus.call("StartTransientUnit", "ssa(sv)a(sa(sv))", unit, "replace", props, [], what=unit)
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while True:
+            state = bus.unit_property(unit, "org.freedesktop.systemd1.Unit", "ActiveState")
+            if state == "active":
+                break
+            if state == "failed" or time.monotonic() > deadline:
+                raise SandboxError(f"systemd: {unit} is {state}, not active")
+            time.sleep(0.001)
+        return bus.unit_property(unit, f"org.freedesktop.systemd1.{kind}", "ControlGroup")
+    finally:
+        bus.close()
+
+
+def set_properties(unit: str, properties: list[tuple[str, tuple[str, object]]]) -> None:
+    """SetUnitProperties at runtime (update, the GPU nodes' DeviceAllow)."""
+    if not properties:
+        return
+    bus = Bus()
+    try:
+        bus.call("SetUnitProperties", "sba(sv)", unit, True, properties, what=unit)
+    finally:
+        bus.close()
+
+
+def stop(unit: str) -> None:
+    """StopUnit and forget a failed state; a unit already gone (a scope goes by itself when
+    its last process does) is fine."""
+    bus = Bus()
+    try:
+        try:
+            bus.call("StopUnit", "ss", unit, "replace", what=unit)
+        except SystemdError as e:
+            if e.name != "org.freedesktop.systemd1.NoSuchUnit":
+                raise
+            return
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                state = bus.unit_property(unit, "org.freedesktop.systemd1.Unit", "ActiveState")
+            except SystemdError:
+                return  # gone
+            if state in ("inactive", "failed"):
+                break
+            time.sleep(0.002)
+        try:
+            bus.call("ResetFailedUnit", "s", unit, what=unit)
+        except SystemdError:
+            pass
+    finally:
+        bus.close()
+
+
+def resource_properties(r, v2: bool) -> list[tuple[str, tuple[str, object]]]:
+    """The limits systemd has properties for, converted as runc's systemd driver converts
+    them; everything is written to the cgroup's files afterwards too."""
+    out: list[tuple[str, tuple[str, object]]] = []
+    if r is None:
+        return out
+    mem, cpu, pids = r.memory, r.cpu, r.pids
+    if mem is not None and mem.limit:
+        out.append(("MemoryMax" if v2 else "MemoryLimit", ("t", mem.limit if mem.limit > 0 else 2**64 - 1)))
+    if cpu is not None:
+        if cpu.shares:
+            if v2:  # runc's conversion of shares to cgroup v2's weight
+                out.append(("CPUWeight", ("t", 1 + ((cpu.shares - 2) * 9999) // 262142)))
+            else:
+                out.append(("CPUShares", ("t", cpu.shares)))
+        if cpu.quota and cpu.quota > 0:
+            period = cpu.period or 100000
+            # per second, rounded up to whole 10 ms as systemd takes it (runc's rounding)
+            per_sec = cpu.quota * 1000000 // period
+            per_sec = (per_sec + 9999) // 10000 * 10000
+            out.append(("CPUQuotaPerSecUSec", ("t", per_sec)))
+            if cpu.period and v2:
+                out.append(("CPUQuotaPeriodUSec", ("t", cpu.period)))
+    if pids is not None and pids.limit:
+        out.append(("TasksMax", ("t", pids.limit if pids.limit > 0 else 2**64 - 1)))
+    return out
+
+
+def device_properties(rules) -> list[tuple[str, tuple[str, object]]]:
+    """DevicePolicy and DeviceAllow for our ordered rules (gofer/cgroups.py Rule: the last
+    match decides): an allow-all makes the policy auto; otherwise strict, with an entry per
+    allowed node or major that no later deny takes back. What systemd cannot name (a
+    wildcard major, a major without a name in /proc/devices) is left to our rules alone:
+    denied, should systemd ever rewrite them."""
+    if rules and rules[-1].allow and rules[-1].type == "a" and rules[-1].major is None:
+        return [("DevicePolicy", ("s", "auto"))]
+    names = _majors()
+    allow: list[tuple[str, str]] = []
+    for i, rule in enumerate(rules):
+        if not rule.allow or rule.type == "a" or rule.major is None:
+            continue
+        later = rules[i + 1:]
+        if any(not r.allow and r.type in ("a", rule.type) and r.major in (None, rule.major)
+               and r.minor in (None, rule.minor) for r in later):
+            continue
+        kind = "char" if rule.type == "c" else "block"
+        if rule.minor is not None:
+            allow.append((f"/dev/{kind}/{rule.major}:{rule.minor}", rule.access))
+        elif (kind, rule.major) in names:
+            allow.append((f"{kind}-{names[(kind, rule.major)]}", rule.access))
+    return [("DevicePolicy", ("s", "strict")), ("DeviceAllow", ("a(ss)", allow))]
+
+
+def _majors() -> dict[tuple[str, int], str]:
+    """/proc/devices: (char|block, major) -> the driver's name."""
+    out: dict[tuple[str, int], str] = {}
+    kind = None
+    try:
+        with open("/proc/devices") as f:
+            for line in f:
+                if line.startswith("Character"):
+                    kind = "char"
+                elif line.startswith("Block"):
+                    kind = "block"
+                elif kind and line.strip():
+                    number, name = line.split()
+                    out.setdefault((kind, int(number)), name)
+    except OSError:
+        pass
+    return out
+
+
+class SystemdCgroup:
+    """The container's cgroup as a transient unit: the same face as gofer/cgroups.py's
+    Cgroup and Cgroup2 (create, apply, add, allow, seal, remove, dirs, created), the unit
+    started at add(), once the first process is known."""
+
+    def __init__(self, cgroups_path: str | None, cid: str):
+        from gofer import cgroups
+
+        self.slice, self.unit = unit_of(cgroups_path, cid)
+        self.v2 = cgroups.unified()
+        self.dirs: dict[str, str] = {}
+        self.created: list[str] = []  # what we made ourselves: controllers systemd does not manage
+        self.resources = self.devices = None
+        self.fs: cgroups.Cgroup | cgroups.Cgroup2 | None = None
+        self.gpu_nodes: list[tuple[int, int]] = []
+
+    def missing(self) -> list[str]:
+        return []
+
+    def members(self) -> list[int]:
+        return []  # a unit that exists already fails to start ("UnitExists")
+
+    def create(self) -> None:
+        pass  # at add(): systemd makes the cgroup with the process in it
+
+    def apply(self, resources, devices) -> None:
+        self.resources, self.devices = resources, devices
+
+    def add(self, pid: int) -> None:
+        from gofer import cgroups
+
+        rules = cgroups.device_rules(self.resources, self.devices)
+        group = start_scope(self.unit, self.slice, pid,
+                            resource_properties(self.resources, self.v2) + device_properties(rules))
+        try:
+            if self.v2:
+                self.dirs = {"unified": os.path.join(cgroups.ROOT, group.lstrip("/"))}
+                self.fs = cgroups.Cgroup2("", dirs=self.dirs)
+            else:
+                for ctrl in cgroups.own_cgroups():
+                    d = os.path.join(os.path.realpath(os.path.join(cgroups.ROOT, ctrl)), group.lstrip("/"))
+                    if not os.path.isdir(d):  # a controller systemd leaves alone (cpuset, freezer ...)
+                        os.makedirs(d)
+                        self.created.append(d)
+                        cgroups.write_file(d, "cgroup.procs", str(pid))
+                    self.dirs[ctrl] = d
+                self.fs = cgroups.Cgroup("", dirs=self.dirs)
+            self.fs.apply(self.resources, self.devices)  # the files systemd has no property for
+        except BaseException:
+            self.remove()
+            raise
+
+    def allow(self, major: int, minor: int) -> None:
+        self.gpu_nodes.append((major, minor))
+        if self.fs is not None:
+            self.fs.allow(major, minor)
+
+    def seal(self) -> None:
+        """The GPU nodes into the unit's DeviceAllow too (systemd's own device program or its
+        rewrite of the v1 rules must allow them), then our program (v2)."""
+        if self.gpu_nodes:
+            set_properties(self.unit, [("DeviceAllow", ("a(ss)", [(f"/dev/char/{a}:{b}", "rw")
+                                                                  for a, b in self.gpu_nodes]))])
+        if self.fs is not None:
+            self.fs.seal()
+
+    def remove(self) -> None:
+        from gofer import cgroups
+
+        stop(self.unit)
+        cgroups.remove_dirs(self.created)
