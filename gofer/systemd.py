@@ -71,7 +71,7 @@ class Bus:
 
         self.manager = DBusAddress(SYSTEMD[1], bus_name=SYSTEMD[0], interface=SYSTEMD[2])
         try:
-            self.conn = open_dbus_connection(PRIVATE)
+            self.conn = _direct(PRIVATE)
         except OSError:
             from jeepney.bus_messages import message_bus
 
@@ -109,6 +109,22 @@ class Bus:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _direct(address: str):
+    """A peer-to-peer connection to systemd itself: authenticated as on a bus, but without
+    the bus's Hello (there is no bus daemon to answer it). jeepney's blocking connection
+    says Hello as it is made; this one is the same, but for that."""
+    from jeepney.bus import get_bus
+    from jeepney.io.blocking import DBusConnection, DBusConnectionBase, prep_socket
+    from jeepney.io.common import MessageFilters
+
+    class Direct(DBusConnection):
+        def __init__(self, sock):
+            DBusConnectionBase.__init__(self, sock, False)
+            self._filters = MessageFilters()
+
+    return Direct(prep_socket(get_bus(address), False, timeout=1.0))
 
 
 class SystemdError(SandboxError):
@@ -213,22 +229,24 @@ def resource_properties(r, v2: bool) -> list[tuple[str, tuple[str, object]]]:
 def device_properties(rules) -> list[tuple[str, tuple[str, object]]]:
     """DevicePolicy and DeviceAllow for our ordered rules (gofer/cgroups.py Rule: the last
     match decides): an allow-all makes the policy auto; otherwise strict, with an entry per
-    allowed node or major that no later deny takes back. What systemd cannot name (a
-    wildcard major, a major without a name in /proc/devices) is left to our rules alone:
+    allowed node or major that no later deny takes back (a wildcard major is "char-*": every
+    major /proc/devices lists). A major without a name there is left to our rules alone:
     denied, should systemd ever rewrite them."""
     if rules and rules[-1].allow and rules[-1].type == "a" and rules[-1].major is None:
         return [("DevicePolicy", ("s", "auto"))]
     names = _majors()
     allow: list[tuple[str, str]] = []
     for i, rule in enumerate(rules):
-        if not rule.allow or rule.type == "a" or rule.major is None:
+        if not rule.allow or rule.type == "a":
             continue
         later = rules[i + 1:]
         if any(not r.allow and r.type in ("a", rule.type) and r.major in (None, rule.major)
                and r.minor in (None, rule.minor) for r in later):
             continue
         kind = "char" if rule.type == "c" else "block"
-        if rule.minor is not None:
+        if rule.major is None:  # systemd matches the names in /proc/devices: every major listed
+            allow.append((f"{kind}-*", rule.access))
+        elif rule.minor is not None:
             allow.append((f"/dev/{kind}/{rule.major}:{rule.minor}", rule.access))
         elif (kind, rule.major) in names:
             allow.append((f"{kind}-{names[(kind, rule.major)]}", rule.access))
@@ -293,14 +311,14 @@ class SystemdCgroup:
                 self.dirs = {"unified": os.path.join(cgroups.ROOT, group.lstrip("/"))}
                 self.fs = cgroups.Cgroup2("", dirs=self.dirs)
             else:
-                for ctrl in cgroups.own_cgroups():
-                    d = os.path.join(os.path.realpath(os.path.join(cgroups.ROOT, ctrl)), group.lstrip("/"))
-                    if not os.path.isdir(d):  # a controller systemd leaves alone (cpuset, freezer ...)
-                        os.makedirs(d)
-                        self.created.append(d)
-                        cgroups.write_file(d, "cgroup.procs", str(pid))
-                    self.dirs[ctrl] = d
+                self.dirs = {ctrl: os.path.join(os.path.realpath(os.path.join(cgroups.ROOT, ctrl)), group.lstrip("/"))
+                             for ctrl in cgroups.own_cgroups()}
                 self.fs = cgroups.Cgroup("", dirs=self.dirs)
+                # the controllers systemd leaves alone (cpuset, freezer ...): made as cgroupfs
+                # makes them (a cpuset from its parent's), and joined
+                self.fs.create()
+                self.created = self.fs.created
+                self.fs.add(pid)
             self.fs.apply(self.resources, self.devices)  # the files systemd has no property for
         except BaseException:
             self.remove()

@@ -1,0 +1,100 @@
+"""The systemd cgroup driver against a real systemd 252 (scripts/systemd-host: PID 1 of
+private namespaces on this host's own root): the container in a transient scope unit
+with its limits as properties, GPUs through its device rules, the unit gone after delete
+and after a run; the hook inside runc's own systemd driver."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HOST = str(REPO / "scripts" / "systemd-host")
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root"),
+              pytest.mark.skipif(not os.path.exists("/lib/systemd/systemd"), reason="needs systemd installed")]
+
+PY = sys.executable
+
+
+def under_systemd(script: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    r = subprocess.run([HOST, "bash", "-ec", script], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    if r.returncode == 125:
+        pytest.fail(f"systemd could not be booted: {r.stderr[-2000:]}")
+    return r
+
+
+def _bundle(make_bundle, args, env=(), path="system.slice:demo:c1", **linux):
+    bundle = make_bundle(args, list(env))
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"]["cgroupsPath"] = path
+    spec["linux"]["resources"] = {"memory": {"limit": 64 << 20}, "pids": {"limit": 100},
+                                  "devices": [{"allow": False, "access": "rwm"}]}
+    spec["linux"].update(linux)
+    (bundle / "config.json").write_text(json.dumps(spec))
+    return bundle
+
+
+def test_a_container_is_a_scope_with_its_limits(make_bundle, tmp_path):
+    bundle = _bundle(make_bundle, ["sleep", "300"])
+    sb = f"{PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s"
+    r = under_systemd(f"""
+        {sb} run -d -b {bundle} c1 </dev/null >/dev/null 2>&1
+        systemctl show demo-c1.scope -p ActiveState -p MemoryLimit -p TasksMax -p ControlGroup -p Delegate
+        echo seen=$({sb} exec c1 cat /proc/self/cgroup | grep -c demo-c1.scope)
+        {sb} update --memory 96m c1
+        systemctl show demo-c1.scope -p MemoryLimit
+        cat /sys/fs/cgroup/memory/system.slice/demo-c1.scope/memory.limit_in_bytes
+        {sb} delete --force c1
+        systemctl show demo-c1.scope -p LoadState
+        ls /sys/fs/cgroup/memory/system.slice | grep -c demo || true
+        ls /sys/fs/cgroup/cpuset/system.slice 2>/dev/null | grep -c demo || true
+    """)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split()
+    assert {"ActiveState=active", f"MemoryLimit={64 << 20}", "TasksMax=100", "Delegate=yes",
+            "ControlGroup=/system.slice/demo-c1.scope"} <= set(lines), r.stdout
+    assert f"MemoryLimit={96 << 20}" in lines and str(96 << 20) in lines, r.stdout
+    assert "LoadState=not-found" in lines and lines[-2:] == ["0", "0"], r.stdout
+    assert "seen=0" not in lines and any(w.startswith("seen=") for w in lines), r.stdout  # the container sees it
+
+
+def test_a_gpu_container_under_the_systemd_driver(make_bundle, driver_root, tmp_path):
+    """The fixture's nodes are real char devices with no driver: opening one the rules
+    allow fails with ENXIO, one they deny with EPERM (as in test_cgroups.py)."""
+    probe = ("head -c1 /dev/nvidia0 2>&1 | grep -o 'No such device or address' || echo denied; "
+             "mknod /dev/m c 1 1 && (head -c1 /dev/m >/dev/null 2>&1 && echo MEM || echo mem-denied)")
+    bundle = _bundle(make_bundle, ["sh", "-c", probe], ["NVIDIA_VISIBLE_DEVICES=all"], path="system.slice:demo:g1")
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["capabilities"] = {k: ["CAP_MKNOD"] for k in ("bounding", "effective", "permitted")}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = under_systemd(f"""
+        {PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s --driver-root {driver_root} run {bundle} --id g1
+        systemctl show demo-g1.scope -p LoadState
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["No", "such", "device", "or", "address", "mem-denied", "LoadState=not-found"], r.stdout
+
+
+def test_the_hook_inside_runcs_systemd_driver(make_bundle, driver_root, tmp_path):
+    from tests.integration.test_hook import SCRIPT, check_gpu_output, install
+
+    bundle = _bundle(make_bundle, ["sh", "-c", SCRIPT], ["NVIDIA_VISIBLE_DEVICES=all"], path="system.slice:runc:h1")
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"]["resources"]["devices"] = [{"allow": False, "access": "rwm"}]
+    (bundle / "config.json").write_text(json.dumps(spec))
+    install(bundle, driver_root)
+    r = under_systemd(f"runc --systemd-cgroup --root {tmp_path}/r run -b {bundle} h1")
+    assert r.returncode == 0, r.stderr
+    check_gpu_output(r.stdout + r.stderr)
+
+
+def test_bad_paths_are_one_line(make_bundle, tmp_path):
+    bundle = _bundle(make_bundle, ["true"], path="demo")
+    r = under_systemd(f"{PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s run {bundle} --id b1 || echo rc=$?")
+    assert 'expected "slice:prefix:name" for systemd cgroups' in r.stderr and "rc=2" in r.stdout, (r.stdout, r.stderr)
