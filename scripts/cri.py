@@ -15,6 +15,12 @@ tests/integration/test_cri.py and scripts/bench/cri.py.
 - ``CRI``: containerd with its own config.toml, root, state and sockets under a directory of
   ours, the cgroupfs driver (SystemdCgroup = false), host-network pods (no CNI), pod cgroups
   made and removed as kubelet's cgroupfs manager makes them, under a cgroup parent of ours.
+  ``CRI(..., systemd=True)``: the systemd driver instead (SystemdCgroup = true for both
+  handlers, so the shim runs them with --systemd-cgroup), for a host whose systemd is a
+  private one (scripts/systemd-host): the pods' cgroup_parent is a slice name as kubelet's
+  systemd manager gives it (``kubepods-besteffort-pod<uid>.slice``, made by systemd on demand
+  when containerd's "slice:cri-containerd:<id>" scopes are started in it), stopped with
+  systemctl at the pod's end; ``stop()`` stops ``kubepods.slice``.
   ``stop()`` removes every pod, ends containerd and whatever shim is left by pid, unmounts
   what is mounted under our directory, removes our cgroups and what containerd made under
   /run.
@@ -315,14 +321,17 @@ class Pod:
 class CRI:
     """containerd with its CRI plugin, private to ``base``; two runtime handlers (HANDLERS)."""
 
-    def __init__(self, base: Path, driver_root: Path, trace: bool = True, pause_with_mount_points: bool = False):
+    def __init__(self, base: Path, driver_root: Path, trace: bool = True, pause_with_mount_points: bool = False,
+                 systemd: bool = False):
         self.base = Path(base)
         self.driver_root = Path(driver_root)
         self.trace = trace  # the sandbox wrapper keeps each failing call's argv and log
         self.pause_dirs = pause_with_mount_points
         self.pause_ref = PAUSE_DIRS_IMAGE if pause_with_mount_points else PAUSE_IMAGE
         self.sock = self.base / "containerd.sock"
-        self.cgroup_parent = f"/cri-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.systemd = systemd  # the systemd cgroup driver (SystemdCgroup = true), kubelet's slices
+        # (systemd: kubelet's top slice; every pod's slice nests in it by its dashes)
+        self.cgroup_parent = "kubepods.slice" if systemd else f"/cri-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.pods: dict[str, Pod] = {}
         self.proc: subprocess.Popen | None = None
         self.api, self.grpc_api = load_api()
@@ -378,7 +387,7 @@ class CRI:
         for name, binary in (("runc", RUNC), ("sandbox", str(self.wrapper))):
             runtimes += (f'[{cri}.containerd.runtimes.{name}]\n  runtime_type = "io.containerd.runc.v2"\n'
                          f'[{cri}.containerd.runtimes.{name}.options]\n  BinaryName = "{binary}"\n'
-                         f'  Root = "{b}/{name}-root"\n  SystemdCgroup = false\n')
+                         f'  Root = "{b}/{name}-root"\n  SystemdCgroup = {str(self.systemd).lower()}\n')
         (b / "config.toml").write_text(
             f'version = 2\nroot = "{b}/root"\nstate = "{b}/state"\n'
             'disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",'
@@ -476,6 +485,8 @@ class CRI:
         for point in sorted(mounted, key=len, reverse=True):
             if subprocess.run(["umount", point], capture_output=True).returncode != 0:
                 subprocess.run(["umount", "-l", point], capture_output=True)
+        if self.systemd:  # the pods' slices (and any scope left in them), as systemd's units
+            subprocess.run(["systemctl", "stop", self.cgroup_parent], capture_output=True, timeout=60)
         for d in self._cgroup_dirs():
             if d.is_dir():
                 cgroups.remove_dirs([str(p) for p in d.rglob("*") if p.is_dir()] + [str(d)], patience=5)
@@ -487,7 +498,15 @@ class CRI:
         return problems
 
     def _cgroup_dirs(self) -> list[Path]:
-        return [r / self.cgroup_parent.lstrip("/") for r in _cgroup_roots()]
+        return [r / self._cgroup_path(self.cgroup_parent) for r in _cgroup_roots()]
+
+    def _cgroup_path(self, parent: str) -> str:
+        """A cgroup parent's path below a hierarchy's root (a slice's: by its dashes)."""
+        if self.systemd:
+            from gofer.systemd import expand_slice
+
+            return expand_slice(parent).lstrip("/")
+        return parent.lstrip("/")
 
     # -- the pod's cgroup, as kubelet's cgroupfs manager makes it
 
@@ -503,10 +522,15 @@ class CRI:
                             (cur / f).write_text((parent / f).read_text())
 
     def remove_pod_cgroup(self, pod: Pod) -> None:
+        if self.systemd:  # kubelet's systemd manager stops the pod's slice unit
+            r = subprocess.run(["systemctl", "stop", pod.cgroup], capture_output=True, text=True, timeout=60)
+            if r.returncode != 0:
+                raise OSError(f"systemctl stop {pod.cgroup}: {r.stderr.strip()}")
+            return
         cgroups.remove_dirs([str(r / pod.cgroup.lstrip("/")) for r in _cgroup_roots()], patience=5)
 
     def pod_cgroup_dirs(self, pod: Pod) -> list[Path]:
-        return [r / pod.cgroup.lstrip("/") for r in _cgroup_roots()]
+        return [r / self._cgroup_path(pod.cgroup) for r in _cgroup_roots()]
 
     # -- the CRI, as kubelet calls it
 
@@ -523,8 +547,11 @@ class CRI:
         shareProcessNamespace), in a cgroup made first, as kubelet's."""
         a = self.api
         uid = str(uuid.uuid4())
-        cgroup = f"{self.cgroup_parent}/pod{uid}"
-        self._make_cgroup(cgroup)
+        if self.systemd:  # kubelet's systemd name of a BestEffort pod's cgroup (its uid's dashes escaped)
+            cgroup = f"kubepods-besteffort-pod{uid.replace('-', '_')}.slice"
+        else:
+            cgroup = f"{self.cgroup_parent}/pod{uid}"
+            self._make_cgroup(cgroup)
         logdir = self.base / "pods" / f"default_{name}_{uid}"
         logdir.mkdir(parents=True)
         ns = a.NamespaceOption(network=a.NODE, pid=getattr(a, pid), ipc=a.POD)
@@ -541,7 +568,10 @@ class CRI:
         try:
             pod_id = self.call("RunPodSandbox", a.RunPodSandboxRequest(config=config, runtime_handler=handler)).pod_sandbox_id
         except CRIError:
-            cgroups.remove_dirs([str(r / cgroup.lstrip("/")) for r in _cgroup_roots()], patience=5)
+            if self.systemd:
+                subprocess.run(["systemctl", "stop", cgroup], capture_output=True, timeout=60)
+            else:
+                cgroups.remove_dirs([str(r / cgroup.lstrip("/")) for r in _cgroup_roots()], patience=5)
             raise
         pod = Pod(pod_id, config, handler, cgroup, uid)
         self.pods[pod_id] = pod

@@ -7,6 +7,13 @@ Everything they keep lives under the given directory: podman's --root/--runroot,
 daemons' state, sockets and our runtime's own --root. What they insist on putting elsewhere
 (containerd's shim sockets under /run/containerd/s, dockerd's /var/run/docker) is removed at
 stop when it was not there before.
+
+``systemd=True``: the engines' systemd cgroup drivers instead of cgroupfs (podman's
+``--cgroup-manager systemd``, dockerd's ``native.cgroupdriver=systemd``, ctr's
+``--runc-systemd-cgroup`` with a ``system.slice:ctr:NAME`` cgroup), so that the runtime is
+run with ``--systemd-cgroup`` and each container is a transient scope; for a host whose
+systemd is a private one (scripts/systemd-host, tests/integration/test_systemd_engines.py):
+the cgroups are then systemd's to make and remove.
 """
 
 from __future__ import annotations
@@ -68,9 +75,10 @@ class Engine:
     name = ""
     runtime_root: Path
 
-    def __init__(self, base: Path, driver_root: Path):
+    def __init__(self, base: Path, driver_root: Path, systemd: bool = False):
         self.base = base
         self.driver_root = driver_root
+        self.systemd = systemd  # the engine's systemd cgroup driver (the runtime's --systemd-cgroup)
         self.runtime_root = base / "sandbox-state"
         self.wrapper_root = base / "wrapper-state"  # the --root the engine gives sandbox-runc
         base.mkdir(parents=True, exist_ok=True)
@@ -112,6 +120,8 @@ class Engine:
                 flags += ["--mount", "type=cgroup,src=cgroup,dst=/sys/fs/cgroup,options=ro:nosuid:nodev:noexec"]
         args = self.run_args(gpu, runtime)
         if self.name == "containerd":
+            if self.systemd:  # ctr's default cgroup is a path: the systemd driver wants slice:prefix:name
+                flags += ["--runc-systemd-cgroup", "--cgroup", f"system.slice:ctr:{name}"]
             return [*self.prefix(runtime), "run", *flags, *args, IMAGE, name, *cmd]
         return [*self.prefix(runtime), "run", *flags, "--name", name, *args, IMAGE, *cmd]
 
@@ -156,7 +166,8 @@ class Podman(Engine):
     def prefix(self, runtime: str = "sandbox") -> list[str]:
         b = self.base
         common = ["podman", "--root", str(b / "root"), "--runroot", str(b / "runroot"), "--tmpdir", str(b / "tmp"),
-                  "--storage-driver", "overlay", "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
+                  "--storage-driver", "overlay", "--cgroup-manager", "systemd" if self.systemd else "cgroupfs",
+                  "--events-backend", "file"]
         if runtime == "runc":
             return [*common, "--runtime", RUNC, "--runtime-flag", f"root={self.base / 'runc-state'}"]
         binary, root = (WRAPPER, self.wrapper_root) if runtime == "wrapper" else (SANDBOX, self.runtime_root)
@@ -164,7 +175,7 @@ class Podman(Engine):
                 "--runtime-flag", f"root={root}"]
 
     def start(self, image: Path) -> None:
-        self.host_paths = _cgroup_parents("libpod_parent")
+        self.host_paths = {} if self.systemd else _cgroup_parents("libpod_parent")  # (systemd: machine.slice)
         r = self.cli("load", "-i", str(image))
         assert r.returncode == 0, r.stderr
 
@@ -188,7 +199,8 @@ class Containerd(Engine):
 
     def start(self, image: Path) -> None:
         b = self.base
-        self.host_paths = {p: os.path.exists(p) for p in ("/run/containerd",)} | _cgroup_parents("test")
+        self.host_paths = ({p: os.path.exists(p) for p in ("/run/containerd",)}
+                           | ({} if self.systemd else _cgroup_parents("test")))
         (b / "config.toml").write_text(
             f'version = 2\nroot = "{b}/root"\nstate = "{b}/state"\n'
             'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
@@ -229,12 +241,14 @@ class Docker(Engine):
     def start(self, image: Path) -> None:
         b = self.base
         self.host_paths = ({p: os.path.exists(p) for p in ("/var/run/docker", "/run/containerd")}
-                           | _cgroup_parents("docker"))
+                           | ({} if self.systemd else _cgroup_parents("docker")))
         config = {"iptables": False, "ip6tables": False, "ip-forward": False, "ip-masq": False, "bridge": "none",
                   "storage-driver": "overlay2",
                   "runtimes": {"sandbox": {"path": SANDBOX, "runtimeArgs": ["--driver-root", str(self.driver_root)]},
                                "wrapper": {"path": WRAPPER, "runtimeArgs": ["--driver-root", str(self.driver_root)]},
                                "plainrunc": {"path": RUNC}}}
+        if self.systemd:  # (its containers: system.slice's docker-ID.scope)
+            config["exec-opts"] = ["native.cgroupdriver=systemd"]
         (b / "daemon.json").write_text(json.dumps(config))
         self._daemon(["dockerd", "--config-file", str(b / "daemon.json"), "--data-root", str(b / "data"),
                       "--exec-root", str(b / "exec"), "--pidfile", str(b / "dockerd.pid"),
