@@ -72,30 +72,6 @@ READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysr
 # --- the CRI API's stubs ----------------------------------------------------------------
 
 
-def _trixie_apt_options() -> list[str]:
-    """A private apt configuration for Debian's next release, where the CRI API's package is:
-    the archive's address from this machine's own sources, its main component only."""
-    base = CACHE / "apt-trixie"
-    for d in ("state/lists/partial", "cache/archives/partial"):
-        (base / d).mkdir(parents=True, exist_ok=True)
-    codename = fixtures._os_codename()
-    uris = sorted({(uri, signed) for uri, suite, signed in fixtures._machine_sources() if suite == codename})
-    if not uris:
-        raise SystemExit(f"no Debian {codename} archive in this machine's apt sources (/etc/apt)")
-    keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
-    (base / "sources.list").write_text("".join(f"deb [signed-by={signed or keyring}] {uri} {CRI_SUITE} main\n"
-                                               for uri, signed in uris))
-    return [
-        f"-oDir::Etc::SourceList={base}/sources.list",
-        "-oDir::Etc::SourceParts=-",
-        f"-oDir::State={base}/state",
-        f"-oDir::Cache={base}/cache",
-        "-oDir::State::status=/var/lib/dpkg/status",
-        "-oAPT::Sandbox::User=root",
-        "-qq",
-    ]
-
-
 def cri_api_source() -> Path:
     """The unpacked packages: ``<dir>/usr/share/gocode/src/k8s.io/cri-api/...``."""
     root = CACHE / f"cri-api-src-v{STUBS_REV}"
@@ -104,7 +80,7 @@ def cri_api_source() -> Path:
     tmp = fixtures._fresh(root)
     debs = tmp / "debs"
     debs.mkdir()
-    opts = _trixie_apt_options()
+    opts = fixtures.apt_options(CRI_SUITE)
     fixtures.run("apt-get", *opts, "update")
     fixtures.run("apt-get", *opts, "download", *CRI_DEBS, cwd=debs)
     for deb in sorted(debs.glob("*.deb")):
@@ -521,13 +497,21 @@ class CRI:
                         if (parent / f).exists():
                             (cur / f).write_text((parent / f).read_text())
 
-    def remove_pod_cgroup(self, pod: Pod) -> None:
-        if self.systemd:  # kubelet's systemd manager stops the pod's slice unit
-            r = subprocess.run(["systemctl", "stop", pod.cgroup], capture_output=True, text=True, timeout=60)
-            if r.returncode != 0:
-                raise OSError(f"systemctl stop {pod.cgroup}: {r.stderr.strip()}")
-            return
-        cgroups.remove_dirs([str(r / pod.cgroup.lstrip("/")) for r in _cgroup_roots()], patience=5)
+    def remove_pod_cgroup(self, pod: Pod) -> list[str]:
+        """Remove the pod's cgroup as kubelet does. systemd: its manager's Destroy, the slice
+        unit stopped, then the slice's directories systemd left removed; returns those (runc's
+        v1 systemd driver makes the scope's path itself in the controllers systemd does not
+        manage: cpuset, freezer, cpuacct here)."""
+        if not self.systemd:
+            cgroups.remove_dirs([str(r / pod.cgroup.lstrip("/")) for r in _cgroup_roots()], patience=5)
+            return []
+        r = subprocess.run(["systemctl", "stop", pod.cgroup], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise OSError(f"systemctl stop {pod.cgroup}: {r.stderr.strip()}")
+        left = [d for d in self.pod_cgroup_dirs(pod) if d.is_dir()]
+        for d in left:
+            cgroups.remove_dirs([str(p) for p in d.rglob("*") if p.is_dir()] + [str(d)], patience=5)
+        return [str(d) for d in left]
 
     def pod_cgroup_dirs(self, pod: Pod) -> list[Path]:
         return [r / self._cgroup_path(pod.cgroup) for r in _cgroup_roots()]

@@ -129,19 +129,21 @@ def _machine_sources() -> list[tuple[str, str, str]]:
     return found
 
 
-def apt_options() -> list[str]:
+def apt_options(suite: str | None = None) -> list[str]:
     """apt options that point at a sources list, state and cache of our own: the machine's
     Debian archives (its release and security suites) with every component: the NVIDIA
-    packages are in contrib and non-free, egl-wayland and the loaders in main."""
-    base = CACHE / "apt"
+    packages are in contrib and non-free, egl-wayland and the loaders in main. With
+    ``suite`` (another release, such as trixie), that suite of the same archives, main only."""
+    base = CACHE / (f"apt-{suite}" if suite else "apt")
     for d in ("state/lists/partial", "cache/archives/partial"):
         (base / d).mkdir(parents=True, exist_ok=True)
     codename = _os_codename()
     keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
-    comps = "main contrib non-free non-free-firmware"
-    lines = sorted({f"deb [signed-by={signed or keyring}] {uri} {suite} {comps}\n"
-                    for uri, suite, signed in _machine_sources() if suite in (codename, f"{codename}-security")})
-    if not any(f" {codename} " in line for line in lines):
+    comps = "main" if suite else "main contrib non-free non-free-firmware"
+    wanted = (codename,) if suite else (codename, f"{codename}-security")
+    lines = sorted({f"deb [signed-by={signed or keyring}] {uri} {suite or s} {comps}\n"
+                    for uri, s, signed in _machine_sources() if s in wanted})
+    if not any(f" {suite or codename} " in line for line in lines):
         raise SystemExit(f"no Debian {codename} archive in this machine's apt sources (/etc/apt)")
     (base / "sources.list").write_text("".join(lines))
     return [

@@ -15,6 +15,7 @@ import pytest
 
 from tests.integration.helpers import CLI, mount_table, tree
 from tests.integration.test_hook import SCRIPT, check_gpu_output, install, runc, usr_bin_is_a_file
+from tests.sockets import silent_clients
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -166,16 +167,7 @@ def test_silent_clients_do_not_stop_the_others(server, make_bundle, driver_root,
     from sandbox.hook_server import MAX_CHILDREN
 
     path, log, _ = server
-    silent = []
-    for _ in range(MAX_CHILDREN + 6):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        s.settimeout(1)
-        try:
-            s.connect(str(path))
-        except OSError:
-            s.close()
-            break
-        silent.append(s)
+    silent = silent_clients(path, socket.SOCK_SEQPACKET, MAX_CHILDREN + 6)
     try:
         bundle = make_bundle(["sh", "-c", SCRIPT], ["NVIDIA_VISIBLE_DEVICES=all"])
         install(bundle, driver_root, "--server", path)

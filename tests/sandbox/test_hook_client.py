@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sockets import silent_clients
+
 SOURCE = Path(__file__).resolve().parents[2] / "sandbox/hook_client.c"
 STATE = '{"ociVersion": "1.0.2", "id": "c\\u00e9", "pid": 1, "bundle": "/b"}'
 
@@ -161,17 +163,8 @@ def test_a_full_listen_queue_is_left_at_once(client, tmp_path):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.bind(str(path))
     s.listen(0)
-    fillers = []
+    fillers = silent_clients(path, socket.SOCK_SEQPACKET)
     try:
-        for _ in range(4):
-            f = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            f.setblocking(False)
-            try:
-                f.connect(str(path))
-            except BlockingIOError:
-                f.close()
-                break
-            fillers.append(f)
         r = hook(client, path)
         assert r.returncode == 7 and r.stdout == STATE.encode(), r.stderr
     finally:
