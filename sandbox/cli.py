@@ -256,21 +256,32 @@ LEAN_FLAGS = {"start": {}, "state": {}, "kill": {"-a": "all", "--all": "all"},
               "list": {"-q": "quiet", "--quiet": "quiet", "-f": "format", "--format": "format"},
               "ps": {"-f": "format", "--format": "format"},
               "create": _CREATE,
-              "run": {**_CREATE, "-d": "detach", "--detach": "detach", "--keep": "keep", "--id": "id"}}
+              "run": {**_CREATE, "-d": "detach", "--detach": "detach", "--keep": "keep", "--id": "id"},
+              "exec": {"-p": "process", "--process": "process", "-d": "detach", "--detach": "detach",
+                       "--pid-file": "pid_file", "--console-socket": "console_socket", "-t": "tty", "--tty": "tty",
+                       "--cwd": "cwd", "-e": "env", "--env": "env", "-u": "user", "--user": "user",
+                       "-g": "additional_gids", "--additional-gids": "additional_gids", "-c": "cap", "--cap": "cap",
+                       "--no-new-privs": "no_new_privs", "--preserve-fds": "preserve_fds", "--apparmor": "apparmor",
+                       "--process-label": "process_label"}}
 _CREATE_DEFAULTS = {"bundle": None, "pid_file": None, "console_socket": None, "preserve_fds": 0, "no_pivot": False,
                     "no_new_keyring": False, "trace": None, "scratch_size": None, "gpus": None, "capabilities": None}
 LEAN_DEFAULTS: dict[str, dict[str, Any]] = {
     "start": {}, "state": {}, "kill": {"all": False, "signal": "TERM"}, "delete": {"force": False},
     "list": {"quiet": False, "format": "table"}, "ps": {"format": "table"},
     "create": _CREATE_DEFAULTS,
-    "run": {**_CREATE_DEFAULTS, "detach": False, "keep": False, "id": None}}
+    "run": {**_CREATE_DEFAULTS, "detach": False, "keep": False, "id": None},
+    "exec": {"process": None, "detach": False, "pid_file": None, "console_socket": None, "tty": False, "cwd": None,
+             "env": [], "user": None, "additional_gids": [], "cap": [], "no_new_privs": False, "preserve_fds": 0,
+             "apparmor": None, "process_label": None, "args": []}}
 LEAN_GLOBALS = {"--root": "root", "--log": "log", "--log-format": "log_format", "--driver-root": "driver_root",
                 "--dev-root": "dev_root", "--config": "config", "--debug": "debug",
                 "--systemd-cgroup": "systemd_cgroup"}
 # after the verb argparse takes only these of the globals (cli._globals)
 LEAN_AFTER_VERB = {k: v for k, v in LEAN_GLOBALS.items() if k in ("--root", "--driver-root", "--dev-root")}
 _TAKES_VALUE = {"root", "log", "log_format", "driver_root", "dev_root", "config", "format", "bundle", "pid_file",
-                "console_socket", "preserve_fds", "trace", "gpus", "capabilities", "id"}
+                "console_socket", "preserve_fds", "trace", "gpus", "capabilities", "id", "process", "cwd", "env",
+                "user", "additional_gids", "cap", "apparmor", "process_label"}
+_APPENDS = {"env", "additional_gids", "cap"}  # flags given again add to a list
 
 
 def lean_args(argv: list[str]):
@@ -289,6 +300,9 @@ def lean_args(argv: list[str]):
     i = 0
     while i < len(argv):
         arg, value = argv[i], None
+        if verb == "exec" and positional:  # exec ID ARGS...: the rest is the command, as it is
+            ns["args"] = argv[i:]
+            break
         if arg.startswith("--") and "=" in arg:
             arg, value = arg.split("=", 1)
         table = LEAN_GLOBALS if verb is None else {**LEAN_AFTER_VERB, **LEAN_FLAGS[verb]}
@@ -299,7 +313,10 @@ def lean_args(argv: list[str]):
                     if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
                         return None  # (argparse takes no value that looks like a flag)
                     i, value = i + 1, argv[i + 1]
-                ns[key] = value
+                if key in _APPENDS:
+                    ns[key] = [*ns[key], value]
+                else:
+                    ns[key] = value
             elif value is not None:
                 return None
             else:
@@ -317,6 +334,10 @@ def lean_args(argv: list[str]):
     if verb is None:
         return None
     lo, hi = {"list": (0, 0), "kill": (1, 2)}.get(verb, (1, 1))
+    if verb == "exec":
+        if not all(g.isascii() and g.isdigit() for g in ns["additional_gids"]):
+            return None
+        ns["additional_gids"] = [int(g) for g in ns["additional_gids"]]
     if not lo <= len(positional) <= hi or ns.get("format", "table") not in ("table", "json") \
             or ns["log_format"] not in ("text", "json"):
         return None

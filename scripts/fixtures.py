@@ -26,6 +26,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,6 +69,11 @@ DRIVER_REV = 4  # bump when what driver_535() builds (or downloads) changes: the
 
 def run(*cmd: str | os.PathLike, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], check=True, **kw)
+
+
+def say(what: str) -> None:
+    """A progress line on stderr (stdout is the fixtures' paths): every step over a second."""
+    print(f"fixtures: {what}", file=sys.stderr, flush=True)
 
 
 def _done(path: Path) -> bool:
@@ -178,9 +184,14 @@ def _download(name: str, wanted) -> Path:
     shutil.rmtree(debs, ignore_errors=True)
     debs.mkdir(parents=True)
     opts = apt_options()
+    say(f"apt-get update (a private configuration under {CACHE / 'apt'})")
     run("apt-get", *opts, "update")
     packages, note = wanted(opts)
+    t = time.monotonic()
+    say(f"downloading {len(packages)} Debian packages into {debs} ...")
     run("apt-get", *opts, "download", *packages, cwd=debs)
+    size = sum(f.stat().st_size for f in debs.glob("*.deb"))
+    say(f"downloaded {len(packages)} packages, {size / 1e6:.0f} MB, in {time.monotonic() - t:.0f} s")
     (debs / ".complete").write_text(note)
     return debs
 
@@ -202,7 +213,10 @@ def driver_535() -> Path:
     debs = download_debs()
     version = (debs / ".complete").read_text().strip().split("-")[0]  # 535.261.03-1 -> 535.261.03
     tmp = _fresh(root)
-    for deb in sorted(debs.glob("*.deb")):
+    all_debs = sorted(debs.glob("*.deb"))
+    for n, deb in enumerate(all_debs, 1):
+        if n == 1 or n % 10 == 0 or n == len(all_debs):
+            say(f"unpacking with dpkg -x: {n}/{len(all_debs)} ({deb.name})")
         run("dpkg", "-x", deb, tmp)
     # What update-alternatives / nvidia-alternative would have linked on a real host.
     (tmp / "usr/bin").mkdir(parents=True, exist_ok=True)

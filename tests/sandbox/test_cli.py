@@ -13,10 +13,16 @@ SAME = [
     ["run", "/bundle"], ["run", "--root", "/r", "-d", "-b", "/b", "--pid-file", "/p", "c1"],
     ["--driver-root", "/d", "run", "--gpus", "0", "--capabilities", "compute", "--trace", "/t.json", "--id", "x", "/b"],
     ["run", "--keep", "--detach", "c1"],
+    ["exec", "c1", "true"], ["exec", "c1"], ["exec", "c1", "sh", "-c", "echo -e --tty"],
+    ["--root", "/r", "exec", "--process", "/p.json", "--detach", "--pid-file", "/pid", "c1"],
+    ["exec", "-t", "--console-socket", "/s", "-e", "A=1", "-e", "B=2", "--cwd", "/w", "-u", "5:6", "-g", "7",
+     "--additional-gids", "8", "-c", "CAP_KILL", "--cap", "CAP_CHOWN", "--no-new-privs", "--preserve-fds", "1",
+     "--apparmor", "x", "--process-label", "y", "c1", "ls", "-l"],
 ]
 DEFERRED = [
     ["run"], ["create", "a", "b"], ["run", "--scratch-size", "1g", "/b"], ["create", "--preserve-fds", "x", "c"],
-    ["create", "--bund", "/b", "c1"], ["run", "--help"], ["--cdi-spec-dir", "/c", "run", "/b"], ["exec", "c1", "true"],
+    ["create", "--bund", "/b", "c1"], ["run", "--help"], ["--cdi-spec-dir", "/c", "run", "/b"], ["exec", "-g", "x", "c1"],
+    ["exec", "-cCAP_KILL", "c1", "true"], ["exec", "--tty=1", "c1"],
     ["create", "--pid-file"], ["list", "--format", "yaml"],
     # argparse refuses these: globals it takes only before the verb, a value that looks like a flag
     ["create", "--config", "/f", "--debug", "c1"], ["run", "--log", "/l", "--log-format", "json", "/b"],
@@ -41,7 +47,8 @@ def test_a_fuzzed_command_line_is_read_alike_or_deferred():
 
     words = ["create", "run", "start", "kill", "delete", "list", "ps", "state", "-b", "--bundle", "--pid-file",
              "--root", "--driver-root", "--log", "--debug", "--config", "-d", "--id", "--gpus", "-f", "--force",
-             "--format", "json", "table", "c1", "/b", "-a", "KILL", "--preserve-fds", "3", "--no-pivot", "-q"]
+             "--format", "json", "table", "c1", "/b", "-a", "KILL", "--preserve-fds", "3", "--no-pivot", "-q",
+             "exec", "-t", "-e", "A=1", "-c", "--cap", "-u", "-g", "7", "--process", "sh"]
     rng = random.Random(12)
     p = parser()
     for _ in range(3000):
