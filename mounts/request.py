@@ -201,3 +201,36 @@ def _holds(alternative: str, facts, brands, archs, where: str) -> bool:
             if not archs or not all(fn(_version_tuple(a, where), _version_tuple(value, where)) for a in archs):
                 return False
     return True
+
+
+def cap_request(request: GpuRequest, max_capabilities: str, where: str = "--capabilities") -> GpuRequest:
+    """``request`` with its capabilities cut to the ceiling ``max_capabilities``."""
+    allowed = parse_capabilities(max_capabilities, where)
+    return msgspec.structs.replace(request, capabilities=request.capabilities & allowed)
+
+
+def resolve(spec: Spec, gpus: str | None = None, capabilities: str | None = None,
+            max_capabilities: str | None = None, cdi_dirs: tuple[str, ...] | list[str] = (),
+            native_only: bool = False) -> tuple[Spec, GpuRequest | None, list[str]]:
+    """The one way from a bundle's spec (and the flags, and the config's ceiling) to its GPU
+    request, for run and create, the hook, ``sandbox plan`` and the API: the CDI devices it
+    names applied first (mounts/cdi.py: NVIDIA's natively, another vendor's edits from the
+    specs in CDI's directories and ``cdi_dirs``), then the request read from the result.
+    ``native_only`` (a hook, which can only mount): another vendor's device is an error.
+    Returns (the spec as edited, the request or None, CDI's warnings)."""
+    warnings: list[str] = []
+    if spec.asks_for_cdi():
+        from mounts import cdi
+
+        names, _ = cdi.requests_of(spec.annotations, spec.process.getenv("NVIDIA_VISIBLE_DEVICES")
+                                   if spec.process else None)
+        if native_only:
+            others = [n for n in names if not cdi.is_native(n)]
+            if others:
+                raise RequestError(f"CDI device {others[0]!r}: a hook can serve NVIDIA's GPUs only; this needs "
+                                   "the engine's CDI support or sandbox as the runtime")
+        spec, warnings = cdi.apply(spec, names, [] if native_only else [*cdi.SPEC_DIRS, *cdi_dirs])
+    request = gpu_request(spec, gpus, capabilities)
+    if request is not None and max_capabilities:
+        request = cap_request(request, max_capabilities)
+    return spec, request, warnings

@@ -13,11 +13,9 @@ in gofer/embed.py; this module only plans and re-exports it.
 
 from __future__ import annotations
 
-import msgspec
-
 from mounts.bundle import Bundle, load_bundle
 from mounts.plan import Plan, compute_plan, layout_of
-from mounts.request import GpuRequest, gpu_request, parse_capabilities
+from mounts.request import GpuRequest, cap_request, resolve
 
 __all__ = ["Plan", "apply_plan", "cap_request", "plan_bundle", "request_for"]  # noqa: F822 - apply_plan: see __getattr__
 
@@ -33,29 +31,21 @@ def __getattr__(name: str):
 
 
 def request_for(bundle: Bundle, gpus: str | None = None, capabilities: str | None = None,
-                max_capabilities: str | None = None) -> GpuRequest | None:
-    """The bundle's GPU request (CLI overrides applied), capped at ``max_capabilities``."""
-    request = gpu_request(bundle.spec, gpus, capabilities)
-    if request is not None and max_capabilities:
-        request = cap_request(request, max_capabilities)
-    return request
-
-
-def cap_request(request: GpuRequest, max_capabilities: str, where: str = "--capabilities") -> GpuRequest:
-    """``request`` with its capabilities cut to the ceiling ``max_capabilities``."""
-    allowed = parse_capabilities(max_capabilities, where)
-    return msgspec.structs.replace(request, capabilities=request.capabilities & allowed)
+                max_capabilities: str | None = None, cdi_dirs: tuple[str, ...] = ()) -> GpuRequest | None:
+    """The bundle's GPU request (its CDI devices, the CLI's overrides, the ceiling applied):
+    mounts.request.resolve, as every path reads it."""
+    return resolve(bundle.spec, gpus, capabilities, max_capabilities, cdi_dirs)[1]
 
 
 def plan_bundle(bundle: str | Bundle, driver_root: str = "/", gpus: str | None = None,
                 capabilities: str | None = None, max_capabilities: str | None = None,
-                dev_root: str | None = None) -> Plan:
+                dev_root: str | None = None, cdi_dirs: tuple[str, ...] = (), native_only: bool = False) -> Plan:
     """The mount plan for ``bundle`` against the driver under ``driver_root``. A bundle that
     asks for no GPU gets an empty plan (and the driver root is not even looked at)."""
     from mounts.driver import discover
 
     if isinstance(bundle, str):
         bundle = load_bundle(bundle)
-    request = request_for(bundle, gpus, capabilities, max_capabilities)
+    _, request, _ = resolve(bundle.spec, gpus, capabilities, max_capabilities, cdi_dirs, native_only)
     inventory = discover(driver_root, dev_root) if request is not None else None
     return compute_plan(request, inventory, layout_of(bundle.rootfs))

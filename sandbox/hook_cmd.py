@@ -65,10 +65,11 @@ def run_hook(args, state_json: bytes) -> int:
         state = msgspec.json.decode(state_json, type=ContainerState)
     except msgspec.DecodeError as e:
         raise BundleError(f"container state on stdin: {e}") from None
-    bundle = _native_cdi(load_bundle(state.bundle))
+    bundle = load_bundle(state.bundle)
     spans.add("state + bundle", t)
     with spans.span("plan"):
-        plan = plan_bundle(bundle, args.driver_root, max_capabilities=args.capabilities, dev_root=args.dev_root)
+        plan = plan_bundle(bundle, args.driver_root, max_capabilities=args.capabilities, dev_root=args.dev_root,
+                           native_only=True)
     if not plan.actions:
         return 0  # no GPU asked for (the driver root was not even read): touch nothing
     with spans.span("mounts", actions=len(plan.actions)):
@@ -78,23 +79,6 @@ def run_hook(args, state_json: bytes) -> int:
 
         write_trace(args.trace, spans.items)
     return 0
-
-
-def _native_cdi(bundle):
-    """CDI names of NVIDIA's GPUs (nvidia.com/gpu=0, =all) become the GPU request they mean.
-    Another vendor's edits (env, hooks) are past changing from inside a hook: refused."""
-    spec = bundle.spec
-    if not spec.asks_for_cdi():
-        return bundle
-    from mounts import cdi
-
-    names, _ = cdi.requests_of(spec.annotations, spec.process.getenv("NVIDIA_VISIBLE_DEVICES") if spec.process
-                               else None)
-    others = [n for n in names if not cdi.is_native(n)]
-    if others:
-        raise BundleError(f"CDI device {others[0]!r}: a hook can serve NVIDIA's GPUs only; this needs the "
-                          "engine's CDI support or sandbox as the runtime")
-    return msgspec.structs.replace(bundle, spec=cdi.apply(spec, names, [])[0])
 
 
 def install(args) -> int:

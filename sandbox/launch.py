@@ -106,7 +106,13 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                 spec = bundle.spec
                 if spec.process is None:
                     raise BundleError(f"{bundle.path}/config.json: process is missing: nothing to run")
-                spec = _cdi(spec, opts)
+                from mounts.request import resolve
+
+                spec, request, warnings = resolve(spec, opts.gpus, opts.capabilities, opts.max_capabilities,
+                                                  opts.cdi_spec_dirs)
+                for w in warnings:
+                    warn(w)
+                assert spec.process is not None  # (CDI edits keep it)
                 if spec.process.terminal and opts.detached and not opts.console_socket:
                     raise BundleError(f"{bundle.path}/config.json: process.terminal is set: a detached "
                                       "container needs --console-socket to hand its terminal to")
@@ -114,13 +120,6 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                     raise BundleError(f"--console-socket {opts.console_socket}: only for a detached container "
                                       f"with a terminal ({bundle.path}/config.json: process.terminal is "
                                       f"{str(spec.process.terminal).lower()})")
-                from mounts.request import gpu_request
-
-                request = gpu_request(spec, opts.gpus, opts.capabilities)
-                if request is not None and opts.max_capabilities:
-                    from sandbox.api import cap_request
-
-                    request = cap_request(request, opts.max_capabilities)
             with spans.span("cgroup"):
                 cgroup = _cgroup(spec, opts, gofer.pid, sd)
                 gofer.warm[0] = False
@@ -204,20 +203,6 @@ def _reap_all(deadline: float) -> None:
             return
         if pid == 0:
             time.sleep(0.002)
-
-
-def _cdi(spec, opts: Options):
-    """The spec with the CDI devices it asks for applied (mounts/cdi.py); itself where it
-    asks for none (the common case pays one look at its annotations and one env var)."""
-    if not spec.asks_for_cdi():
-        return spec
-    from mounts import cdi
-
-    names, _ = cdi.requests_of(spec.annotations, spec.process.getenv("NVIDIA_VISIBLE_DEVICES"))
-    spec, warnings = cdi.apply(spec, names, [*cdi.SPEC_DIRS, *opts.cdi_spec_dirs])
-    for w in warnings:
-        warn(w)
-    return spec
 
 
 def warn(message: str) -> None:

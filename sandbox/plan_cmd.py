@@ -11,7 +11,8 @@ from sandbox.api import plan_bundle
 
 
 def main(args) -> int:
-    plan = plan_bundle(args.bundle, args.driver_root, args.gpus, args.capabilities, dev_root=args.dev_root)
+    plan = plan_bundle(args.bundle, args.driver_root, args.gpus, args.capabilities, getattr(args, "max_capabilities", None),
+                       dev_root=args.dev_root, cdi_dirs=tuple(getattr(args, "cdi_spec_dir", ())))
     out = sys.stdout
     if args.json:
         out.write(msgspec.json.encode(plan).decode() + "\n")

@@ -19,6 +19,22 @@ def test_json_plan(make_bundle, driver_root, driver_version):
     assert all({"kind", "source", "target", "flags"} <= a.keys() for a in out["actions"])
 
 
+@pytest.mark.parametrize("by", ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0", "annotation"])
+def test_a_cdi_name_plans_what_run_mounts(by, make_bundle, driver_root):
+    """One request path (mounts.request.resolve): the plan of a bundle asking by CDI name is
+    the plan of the GPU it names."""
+    if by == "annotation":
+        b = make_bundle(annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+    else:
+        b = make_bundle(env=[by])
+    by_cdi = sandbox("plan", b, "--driver-root", driver_root, "--json")
+    by_index = sandbox("plan", make_bundle(env=["NVIDIA_VISIBLE_DEVICES=0"]), "--driver-root", driver_root, "--json")
+    assert by_cdi.returncode == 0 and by_index.returncode == 0, (by_cdi.stderr, by_index.stderr)
+    cdi, index = json.loads(by_cdi.stdout), json.loads(by_index.stdout)
+    assert [g["index"] for g in cdi["gpus"]] == [0]
+    assert cdi["actions"] == index["actions"]
+
+
 def test_table_and_overrides(make_bundle, driver_root):
     b = make_bundle(env=["NVIDIA_VISIBLE_DEVICES=all"])
     r = sandbox("plan", b, "--driver-root", driver_root, "--gpus", "0", "--capabilities", "utility")
