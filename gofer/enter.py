@@ -32,7 +32,7 @@ from gofer import syscalls as sc
 from gofer.seccomp import compile_filter
 from mounts.errors import SandboxError
 from mounts.proc import start_time as _start_time
-from mounts.spec import Personality, Process, Seccomp
+from mounts.spec import OCI_VERSION, Personality, Process, Seccomp
 
 # user first: in it we hold the privileges over the namespaces it owns, and no other (so the
 # cgroups, rlimits and scheduling come before it). mnt last: joining it moves our root and
@@ -136,7 +136,7 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
             os._exit(0)
         if tell_r is not None and filt is not None:  # (tell_r is only made with a filt)
             filt.pid = int(os.read(tell_r, 32))
-            filt.state = {"ociVersion": "1.0.2", "status": "running", "pid": init_pid}
+            filt.state = {"ociVersion": OCI_VERSION, "status": "running", "pid": init_pid}
         if console is not None:
             process.open_console(console, proc)
         process.set_scheduling(proc, personality, "late")  # SCHED_DEADLINE, which forbids our fork

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
+from mounts import OCI_VERSION
 from mounts.errors import SandboxError
 from mounts.spec import Hook
 
@@ -56,7 +57,7 @@ def _run(i: int, hook: Hook, stage: str, state: bytes) -> None:
 
 def state(cid: str, status: str, pid: int, bundle: str, annotations: dict[str, str]) -> dict:
     """The container state (runtime-spec's), as hooks and seccomp agents receive it."""
-    return {"ociVersion": "1.0.2", "id": cid, "status": status, "pid": pid, "bundle": bundle,
+    return {"ociVersion": OCI_VERSION, "id": cid, "status": status, "pid": pid, "bundle": bundle,
             "annotations": annotations}
 
 

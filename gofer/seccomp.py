@@ -21,7 +21,7 @@ import msgspec
 
 from gofer import syscalls as sc
 from mounts.errors import SandboxError
-from mounts.spec import Seccomp
+from mounts.spec import OCI_VERSION, Seccomp
 
 FLAGS = {"SECCOMP_FILTER_FLAG_TSYNC": sc.SCMP_FLTATR_CTL_TSYNC, "SECCOMP_FILTER_FLAG_LOG": sc.SCMP_FLTATR_CTL_LOG,
          "SECCOMP_FILTER_FLAG_SPEC_ALLOW": sc.SCMP_FLTATR_CTL_SSB}
@@ -57,7 +57,7 @@ class Filter:
         if self.listener is None:
             return
         fd = self.ctx.notify_fd()
-        msg = {"ociVersion": "1.0.2", "fds": ["seccompFd"], "pid": self.pid, "metadata": self.metadata,
+        msg = {"ociVersion": OCI_VERSION, "fds": ["seccompFd"], "pid": self.pid, "metadata": self.metadata,
                "state": self.state}
         try:
             socket.send_fds(self.listener, [msgspec.json.encode(msg)], [fd])

@@ -489,6 +489,18 @@ def bpf_prog_instructions(prog_id: int, what: str = "") -> tuple[int, bytes]:
 
 # --- libseccomp (Debian's libseccomp2, as runc links it) -----------------------------------
 
+
+def seccomp_version() -> str | None:
+    """libseccomp's version (as runc's --version prints it), None where it is not installed."""
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2")
+    except OSError:
+        return None
+    fn = lib.seccomp_version
+    fn.argtypes, fn.restype = [], ctypes.POINTER(ctypes.c_uint * 3)
+    major, minor, micro = fn().contents
+    return f"{major}.{minor}.{micro}"
+
 SCMP_FLTATR_CTL_NNP = 3
 SCMP_FLTATR_CTL_TSYNC = 4
 SCMP_FLTATR_CTL_LOG = 6

@@ -2,6 +2,8 @@
 
 import sys
 
+OCI_VERSION = "1.0.2"  # the runtime spec's version we write (states, hooks, features)
+
 # the import system's own path finder (importlib.machinery.PathFinder, without importing it)
 PathFinder = next(f for f in sys.meta_path if getattr(f, "__name__", "") == "PathFinder")
 

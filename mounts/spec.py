@@ -11,6 +11,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from mounts import OCI_VERSION as OCI_VERSION  # (re-exported)
+
 
 class _S(msgspec.Struct, rename="camel", frozen=True, omit_defaults=True):
     pass
@@ -286,7 +288,6 @@ class Linux(_S, frozen=True):
     masked_paths: list[str] = []
     readonly_paths: list[str] = []
     rootfs_propagation: str | None = None
-    # parsed but not enforced by this launcher (named in a warning when set)
     resources: Resources | None = None
     cgroups_path: str | None = None
     seccomp: Seccomp | None = None

@@ -438,7 +438,6 @@ def _log_flags(argv: list[str]):
 
 def version_text() -> str:
     """What runc's --version prints: version, commit, spec version, libseccomp's version."""
-    import ctypes
     import subprocess
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -447,13 +446,9 @@ def version_text() -> str:
                                 text=True, timeout=5).stdout.strip() or "unknown"
     except OSError:
         commit = "unknown"
-    try:
-        lib = ctypes.CDLL("libseccomp.so.2")
-        lib.seccomp_version.restype = ctypes.POINTER(ctypes.c_uint * 3)
-        major, minor, micro = lib.seccomp_version().contents
-        seccomp = f"{major}.{minor}.{micro}"
-    except (OSError, AttributeError):
-        seccomp = "not found"
+    from gofer.syscalls import seccomp_version
+
+    seccomp = seccomp_version() or "not found"
     return f"sandbox version {VERSION}\ncommit: {commit}\nspec: 1.0.2\nlibseccomp: {seccomp}"
 
 

@@ -6,6 +6,8 @@ import sys
 
 import msgspec
 
+from mounts import OCI_VERSION
+
 
 def main(args) -> int:
     from gofer import process
@@ -15,7 +17,7 @@ def main(args) -> int:
 
     features = {
         "ociVersionMin": "1.0.0",
-        "ociVersionMax": "1.0.2",
+        "ociVersionMax": OCI_VERSION,
         "hooks": ["prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"],
         "mountOptions": sorted(set(FLAGS) | set(PROPAGATION)),
         "linux": {

@@ -16,12 +16,12 @@ import errno
 import os
 import time
 
+from mounts import OCI_VERSION
 from mounts.errors import SandboxError
 from mounts.proc import start_time
 from sandbox import jsonlite
 
 FIFO = "exec.fifo"
-OCI_VERSION = "1.0.2"
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.+-")
 
 
