@@ -501,6 +501,7 @@ def seccomp_version() -> str | None:
     major, minor, micro = fn().contents
     return f"{major}.{minor}.{micro}"
 
+
 SCMP_FLTATR_CTL_NNP = 3
 SCMP_FLTATR_CTL_TSYNC = 4
 SCMP_FLTATR_CTL_LOG = 6
