@@ -259,7 +259,11 @@ def test_sweep_run_leaves_nothing_behind(tmp_path_factory, field, value, gpu):
     (tmp / "config.json").write_text(json.dumps(spec))
     before = (mount_table(), tree(rootfs), children(os.getpid()))
     r = sandbox("run", tmp, "--root", tmp / "state", "--driver-root", fixtures.driver_535(), timeout=30)
-    _check(r.returncode if r.returncode in (0, 1, 2) else 0, r.stderr)
+    if r.returncode > 128:  # the container's process killed by a signal (a tiny rlimit...): said by
+        # the exit status alone, as runc's; a crash of ours would print (a traceback, a line)
+        assert not [line for line in r.stderr.splitlines() if "warning" not in line], (r.returncode, r.stderr)
+    else:
+        _check(r.returncode if r.returncode != 127 else 1, r.stderr)  # (127: exec failed, one line)
     assert "Traceback" not in r.stderr
     assert (mount_table(), tree(rootfs)) == before[:2]
     assert not any(alive(p) for p in children(os.getpid()) if p not in before[2])

@@ -143,6 +143,9 @@ def test_gofer_killed_mid_mount_leaves_nothing(make_bundle, driver_root, tmp_pat
         # runc does; or the run finished first
         if code not in (0, 137):
             assert len(errors) == 1 and errors[0].startswith("sandbox run: "), errors
+        else:  # the run was done, or the container died with it: nothing to say, nothing left
+            assert not errors, (code, errors)
+        assert not (tmp_path / "state").exists() or not os.listdir(tmp_path / "state"), os.listdir(tmp_path / "state")
 
 
 def test_bad_bundle_exit_2(tmp_path, driver_root):
