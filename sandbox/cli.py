@@ -440,12 +440,16 @@ def version_text() -> str:
     """What runc's --version prints: version, commit, spec version, libseccomp's version."""
     import subprocess
 
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        commit = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                                text=True, timeout=5).stdout.strip() or "unknown"
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:  # an installed copy's (scripts/install writes it), else the checkout's
+        with open(os.path.join(here, "COMMIT")) as f:
+            commit = f.read().strip()
     except OSError:
-        commit = "unknown"
+        try:
+            commit = subprocess.run(["git", "-C", os.path.dirname(here), "rev-parse", "--short=12", "HEAD"],
+                                    capture_output=True, text=True, timeout=5).stdout.strip() or "unknown"
+        except OSError:
+            commit = "unknown"
     from gofer.syscalls import seccomp_version
 
     seccomp = seccomp_version() or "not found"

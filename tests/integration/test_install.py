@@ -1,0 +1,39 @@
+"""scripts/install into a temporary prefix: the runtime stands on its own, from any cwd,
+naming no path of the checkout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+
+def test_an_install_runs_bundles_and_names_no_checkout_path(tmp_path, make_bundle, driver_root):
+    prefix, etc = tmp_path / "opt", tmp_path / "etc"
+    r = subprocess.run([str(REPO / "scripts/install"), "--prefix", str(prefix), "--sysconfdir", str(etc)],
+                       capture_output=True, text=True, timeout=300, cwd="/")
+    assert r.returncode == 0, r.stderr[-3000:]
+    sandbox = prefix / "bin/sandbox"
+    bundle = make_bundle(["sh", "-c", "ls /dev/nvidia0 && echo ran"], ["NVIDIA_VISIBLE_DEVICES=0"])
+    r = subprocess.run([str(sandbox), "--root", str(tmp_path / "s"), "--driver-root", str(driver_root), "run",
+                        str(bundle)], capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["/dev/nvidia0", "ran"], r.stderr
+    version = subprocess.run([str(sandbox), "--version"], capture_output=True, text=True, cwd="/").stdout
+    assert "commit: unknown" not in version and "libseccomp:" in version
+    # a hook installed from there runs the installed copy, and so does its C client
+    r = subprocess.run([str(sandbox), "hook", "install", str(bundle), "--driver-root", str(driver_root)],
+                       capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode == 0, r.stderr
+    hook = json.loads((bundle / "config.json").read_text())["hooks"]["createRuntime"][0]
+    assert hook["path"] == str(prefix / "venv/bin/sandbox-hook") and hook["args"][1] == str(prefix / "venv/bin/python")
+    assert (etc / "config.toml.example").is_file() and (prefix / "lib/systemd/system/gpu-sandbox-hook.service").is_file()
+    named = subprocess.run(["grep", "-rl", "--binary-files=text", str(REPO), str(prefix), str(etc)],
+                           capture_output=True, text=True)
+    assert named.stdout == "", named.stdout  # nothing names the checkout
