@@ -36,7 +36,7 @@ import fixtures  # noqa: E402
 from mounts import ldcache  # noqa: E402
 
 PY = str(REPO / ".venv/bin/python")
-SANDBOX = [PY, "-m", "sandbox.cli"]
+SANDBOX = [str(REPO / ".venv/bin/sandbox")] if os.access(REPO / ".venv/bin/sandbox", os.X_OK) else [PY, "-m", "sandbox.cli"]  # what engines run
 
 
 # A pause before each timed run: back to back, a run's first cgroup.procs write finds the
