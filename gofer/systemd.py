@@ -82,29 +82,31 @@ class Bus:
                 raise SandboxError(f"--systemd-cgroup: cannot reach systemd over D-Bus ({PRIVATE[10:]}, the "
                                    f"system bus): {e.strerror or e}") from None
 
-    def call(self, method: str, signature: str | None, *body, what: str = ""):
+    def call(self, method: str, signature: str | None, *body, what: str = "", timeout: float = JOB_TIMEOUT):
         from jeepney import new_method_call
         from jeepney.wrappers import DBusErrorResponse, unwrap_msg
 
         try:
             reply = self.conn.send_and_get_reply(new_method_call(self.manager, method, signature, body),
-                                                 timeout=JOB_TIMEOUT)
+                                                 timeout=timeout)
             return unwrap_msg(reply)
         except DBusErrorResponse as e:
             raise SystemdError(e.name, f"systemd {method} {what}: {e.name}: {' '.join(map(str, e.data))}") from None
         except TimeoutError:
-            raise SandboxError(f"systemd {method} {what}: no answer in {JOB_TIMEOUT:.0f} s") from None
+            raise NoAnswer(f"systemd {method} {what}: no answer in {timeout:.0f} s") from None
 
     def unit_property(self, unit: str, interface: str, name: str):
         from jeepney import DBusAddress, Properties
         from jeepney.wrappers import DBusErrorResponse, unwrap_msg
 
-        (path,) = self.call("GetUnit", "s", unit, what=unit)
+        (path,) = self.call("GetUnit", "s", unit, what=unit, timeout=5)
         obj = DBusAddress(path, bus_name=SYSTEMD[0], interface=interface)
         try:
-            (value,) = unwrap_msg(self.conn.send_and_get_reply(Properties(obj).get(name), timeout=JOB_TIMEOUT))
+            (value,) = unwrap_msg(self.conn.send_and_get_reply(Properties(obj).get(name), timeout=5))
         except DBusErrorResponse as e:
             raise SystemdError(e.name, f"systemd: {unit} {name}: {e.name}") from None
+        except TimeoutError:
+            raise NoAnswer(f"systemd: {unit} {name}: no answer in 5 s") from None
         return value[1]
 
     def close(self) -> None:
@@ -125,6 +127,10 @@ def _direct(address: str):
             self._filters = MessageFilters()
 
     return Direct(prep_socket(get_bus(address), False, timeout=1.0))
+
+
+class NoAnswer(SandboxError):
+    pass
 
 
 class SystemdError(SandboxError):
@@ -172,30 +178,41 @@ def set_properties(unit: str, properties: list[tuple[str, tuple[str, object]]]) 
 
 def stop(unit: str) -> None:
     """StopUnit and forget a failed state; a unit already gone (a scope goes by itself when
-    its last process does) is fine."""
-    bus = Bus()
-    try:
+    its last process does) is fine. A call left unanswered is retried on a new connection
+    (seen here when the scope went away by itself at that very moment)."""
+    for attempt in range(3):
+        bus = Bus()
         try:
-            bus.call("StopUnit", "ss", unit, "replace", what=unit)
-        except SystemdError as e:
-            if e.name != "org.freedesktop.systemd1.NoSuchUnit":
-                raise
-            return
-        deadline = time.monotonic() + JOB_TIMEOUT
-        while time.monotonic() < deadline:
             try:
                 state = bus.unit_property(unit, "org.freedesktop.systemd1.Unit", "ActiveState")
             except SystemdError:
-                return  # gone
-            if state in ("inactive", "failed"):
-                break
-            time.sleep(0.002)
-        try:
-            bus.call("ResetFailedUnit", "s", unit, what=unit)
-        except SystemdError:
-            pass
-    finally:
-        bus.close()
+                return  # no such unit: gone already
+            if state not in ("inactive", "failed"):
+                try:
+                    bus.call("StopUnit", "ss", unit, "replace", what=unit, timeout=5)
+                except SystemdError as e:
+                    if e.name == "org.freedesktop.systemd1.NoSuchUnit":
+                        return
+                    raise
+                deadline = time.monotonic() + JOB_TIMEOUT
+                while time.monotonic() < deadline:
+                    try:
+                        state = bus.unit_property(unit, "org.freedesktop.systemd1.Unit", "ActiveState")
+                    except SystemdError:
+                        return  # gone
+                    if state in ("inactive", "failed"):
+                        break
+                    time.sleep(0.002)
+            try:
+                bus.call("ResetFailedUnit", "s", unit, what=unit, timeout=5)
+            except SystemdError:
+                pass
+            return
+        except NoAnswer:
+            if attempt == 2:
+                raise
+        finally:
+            bus.close()
 
 
 def resource_properties(r, v2: bool) -> list[tuple[str, tuple[str, object]]]:

@@ -26,6 +26,7 @@ VERBS = {
     "list": "list the containers",
     "ps": "list the processes of a container",
     "update": "change a running container's resource limits (runc's update)",
+    "configure": "add sandbox to docker's, podman's or containerd's config (as nvidia-ctk runtime configure)",
     "features": "print the runtime's features as JSON",
     "plan": "print the GPU mount plan for a bundle",
     "trace": "print (or draw) the phases of a startup trace",
@@ -161,6 +162,13 @@ def parser():
     _globals(p, suppress=True)
     p.add_argument("-f", "--format", choices=["table", "json"], default="table")
     _container(p)
+
+    p = sub.add_parser("configure", help=VERBS["configure"])
+    p.add_argument("engine", choices=["docker", "podman", "containerd"])
+    p.add_argument("--config", dest="config_file", metavar="FILE", help="the engine's config file (default: its own)")
+    p.add_argument("--default", action="store_true", help="make sandbox the engine's default runtime")
+    p.add_argument("--name", default="sandbox", help="the runtime's (handler's) name (default sandbox)")
+    p.add_argument("--path", help="the sandbox executable (default: this installation's)")
 
     p = sub.add_parser("update", help=VERBS["update"])
     _globals(p, suppress=True)
@@ -517,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
             from sandbox import delete_cmd as mod
         elif args.verb == "exec":
             from sandbox import exec_cmd as mod
+        elif args.verb == "configure":
+            from sandbox import configure_cmd as mod
         elif args.verb == "update":
             from sandbox import update_cmd as mod
         elif args.verb == "features":

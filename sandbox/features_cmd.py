@@ -23,7 +23,7 @@ def main(args) -> int:
         "linux": {
             "namespaces": sorted(NAMESPACES),
             "capabilities": sorted(CAP_NUMBERS),
-            "cgroup": {"v1": True, "v2": True, "systemd": False, "systemdUser": False},
+            "cgroup": {"v1": True, "v2": True, "systemd": True, "systemdUser": False},
             "seccomp": {"enabled": True, "actions": list(SECCOMP_ACTIONS),
                         "operators": list(SECCOMP_OPS), "archs": ["SCMP_ARCH_X86", "SCMP_ARCH_X86_64",
                                                                   "SCMP_ARCH_X32", "SCMP_ARCH_AARCH64"]},

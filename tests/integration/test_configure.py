@@ -1,0 +1,91 @@
+"""`sandbox configure docker|podman|containerd`: our runtime added to the engine's own config
+(or made its default), everything else kept, a backup, idempotent; the engine reads it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import fixtures
+import pytest
+from engines import IMAGE, Podman
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+SANDBOX = os.path.join(os.path.dirname(sys.executable), "sandbox")
+
+
+def configure(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sandbox.cli", "configure", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("engine,original", [
+    ("docker", '{"debug": true, "runtimes": {"other": {"path": "/x"}}}\n'),
+    ("podman", '# ours\n[engine]\ncgroup_manager = "cgroupfs"  # kept\n'),
+    ("containerd", 'version = 2\n# a comment\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+                   '  runtime_type = "io.containerd.runc.v2"\n'),
+])
+def test_configure_keeps_the_rest_backs_up_and_is_idempotent(engine, original, tmp_path):
+    path = tmp_path / "conf"
+    path.write_text(original)
+    r = configure(engine, "--config", str(path), "--default")
+    assert r.returncode == 0 and "restart" in r.stdout or "nothing to restart" in r.stdout, r.stderr
+    assert (tmp_path / "conf.bak").read_text() == original
+    new = path.read_text()
+    assert SANDBOX in new
+    if engine == "docker":
+        conf = json.loads(new)
+        assert conf["debug"] is True and conf["runtimes"]["other"] == {"path": "/x"}
+        assert conf["runtimes"]["sandbox"] == {"path": SANDBOX} and conf["default-runtime"] == "sandbox"
+    else:
+        assert all(line in new for line in original.splitlines()), new  # comments and order kept
+    mtime = path.stat().st_mtime_ns
+    again = configure(engine, "--config", str(path), "--default")
+    assert again.returncode == 0 and "nothing changed" in again.stdout and path.stat().st_mtime_ns == mtime
+
+
+def test_containerd_reads_the_handler(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+                    "  SystemdCgroup = true\n")
+    assert configure("containerd", "--config", str(path)).returncode == 0
+    dump = subprocess.run(["containerd", "--config", str(path), "config", "dump"], capture_output=True, text=True)
+    assert dump.returncode == 0, dump.stderr
+    section = dump.stdout.split('[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.sandbox]')[1]
+    assert 'runtime_type = "io.containerd.runc.v2"' in section.split("[plugins")[0]
+    options = section.split('[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.sandbox.options]')[1]
+    assert f'BinaryName = "{SANDBOX}"' in options and "SystemdCgroup = true" in options.split("[plugins")[0]
+
+
+def test_containerd_refuses_a_version_1_config(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('[plugins.cri]\n  sandbox_image = "x"\n')
+    r = configure("containerd", "--config", str(path))
+    assert r.returncode == 1 and "only version 2" in r.stderr and path.read_text().startswith("[plugins.cri]")
+
+
+def test_podman_runs_a_gpu_container_with_sandbox_as_its_default(tmp_path_factory, driver_root):
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed")
+    tmp_path = tmp_path_factory.mktemp("cfg")  # (podman's runroot: 50 characters at most)
+    conf = tmp_path / "containers.conf"
+    conf.write_text('[engine]\nevents_logger = "file"\n')
+    assert configure("podman", "--config", str(conf), "--default").returncode == 0
+    eng = Podman(tmp_path / "p", driver_root)
+    eng.start(fixtures.image_archive())
+    try:
+        common = eng.prefix("runc")[: eng.prefix("runc").index("--runtime")]  # podman and its dirs alone
+        argv = [*common, "--runtime-flag", f"driver-root={driver_root}", "--runtime-flag",
+                f"root={tmp_path / 'state'}", "run", "--rm", *eng.run_args(True), IMAGE, "ls", "/dev/nvidia0"]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "CONTAINERS_CONF": str(conf)})
+        assert r.returncode == 0 and r.stdout.strip() == "/dev/nvidia0", r.stderr
+        info = subprocess.run([*common, "info", "--format", "{{.Host.OCIRuntime.Path}}"], capture_output=True,
+                              text=True, env={**os.environ, "CONTAINERS_CONF": str(conf)})
+        assert info.stdout.strip() == SANDBOX, info.stderr
+    finally:
+        eng.stop()
