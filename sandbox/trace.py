@@ -119,46 +119,99 @@ def process_names(events: list[Event]) -> dict[int, str]:
     return names
 
 
+# One colour per kind of phase (the legend's order), by the phase's name
+KINDS = (
+    ("Python: start, imports", "#9c755f", ("import", "gofer:start")),
+    ("namespaces, processes", "#4e79a7", ("unshare", "fork pid 1", "user", "exec", "setns")),
+    ("GPU: discovery, plan, mounts", "#f28e2b", ("gpu", "discovery", "closure", "plan", "mounts", "state + bundle")),
+    ("root filesystem", "#59a14f", ("rootfs", "spec mounts", "devices", "pivot_root", "masks", "bundle parse")),
+    ("cgroup, devices, seccomp", "#e15759", ("cgroup", "device rules", "seccomp")),
+    ("hooks", "#b07aa1", ()),
+    ("waiting", "#bab0ac", ("wait", "supervise", "supervisor done")),
+)
+OTHER = ("other", "#76b7b2")
+
+
+def kind_of(name: str) -> tuple[str, str]:
+    if name.endswith("hooks"):
+        return KINDS[5][0], KINDS[5][1]
+    for label, colour, words in KINDS:
+        if any(name.startswith(w) for w in words):
+            return label, colour
+    return OTHER
+
+
+def _esc(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def svg(events: list[Event]) -> str:
-    """A timeline, one lane per process, nested spans one row down; the time axis ends just
-    after exec (longer spans are clipped and marked) so the start-up phases stay readable."""
+    """A Gantt chart of the start: one row per phase, grouped by process (each named in a
+    header), every phase named beside its bar with its duration, one colour per kind of
+    phase (legend below), the critical path outlined and marked, a title with the time to
+    exec. The axis ends just after exec: longer spans are cut there and say so."""
     spans = [e for e in events if e.ph == "X"]
     names = process_names(events)
     pids = sorted({e.pid for e in spans}, key=lambda p: min(e.ts for e in spans if e.pid == p))
     execs = [e.ts for e in spans if e.name == "exec"]
-    end = (execs[0] * 1.08 if execs else max((e.ts + (e.dur or 0) for e in spans), default=1.0)) or 1.0
-    width, lane, left = 1100, 22, 190
-    scale = (width - left - 20) / end
-    rows: list[tuple[int, Event]] = []
-    y = 34
-    out = []
-    for pid in pids:
-        mine = sorted((e for e in spans if e.pid == pid), key=lambda e: (e.ts, -(e.dur or 0)))
-        seen: list[Event] = []
-        out.append(f'<text x="5" y="{y + 15}" font-size="12">{str(names.get(pid, pid)).removeprefix("sandbox ")}</text>')
-        depth_max = 0
-        for e in mine:
-            depth = sum(1 for o in seen if o.ts <= e.ts < o.ts + (o.dur or 0))
-            seen.append(e)
-            depth_max = max(depth_max, depth)
-            rows.append((y + depth * lane, e))
-        y += (depth_max + 1) * lane + 12
-    colors = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1", "#9c755f"]
-    for i, (row, e) in enumerate(rows):
-        if e.ts > end:
-            continue
-        x = left + e.ts * scale
-        full = (e.dur or 0) * scale
-        w = max(min(full, width - 20 - x), 1.5)
-        title = f"{e.name}: {(e.dur or 0) / 1e3:.3f} ms at {e.ts / 1e3:.3f} ms"
-        out.append(f'<rect x="{x:.1f}" y="{row}" width="{w:.1f}" height="{lane - 4}" '
-                   f'fill="{colors[i % len(colors)]}"><title>{title}</title></rect>')
-        label = e.name + (f" ({(e.dur or 0) / 1e3:.0f} ms, clipped)" if full > w + 1 else "")
-        if w > 7 * len(label):
-            out.append(f'<text x="{x + 3:.1f}" y="{row + 13}" font-size="10" fill="white">{label}</text>')
-    for ms in range(0, int(end / 1e3) + 1, max(1, int(end / 1e3 / 10))):
+    last = max((e.ts + (e.dur or 0) for e in spans), default=1.0)
+    end = (execs[0] * 1.08 if execs else last) or 1.0
+    crit = {id(e) for e in critical_path(events)}
+    path = critical_path(events)
+    width, row, left, right = 1300, 17, 330, 260
+    scale = (width - left - right) / end
+    out: list[str] = []
+    total = (path[-1].ts + (path[-1].dur or 0) - path[0].ts) / 1e3 if path else last / 1e3
+    title = (f"sandbox start: exec at {execs[0] / 1e3:.1f} ms" if execs else f"sandbox trace: {last / 1e3:.1f} ms")
+    star = "\u2605"
+    out.append(f'<text x="8" y="20" font-size="15" font-weight="bold">{_esc(title)}; critical path '
+               f'{total:.1f} ms ({len(path)} phases, outlined and marked {star})</text>')
+    y = 52
+    for ms in _ticks(end / 1e3):
         x = left + ms * 1e3 * scale
-        out.append(f'<line x1="{x:.1f}" y1="24" x2="{x:.1f}" y2="{y}" stroke="#ddd"/>'
-                   f'<text x="{x:.1f}" y="18" font-size="10" text-anchor="middle">{ms} ms</text>')
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 6}" '
-            f'font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>' + "".join(out) + "</svg>\n")
+        out.append(f'<text x="{x:.1f}" y="{y - 8}" font-size="10" text-anchor="middle" fill="#555">{ms:g} ms</text>')
+    top = y - 4
+    for pid in pids:
+        out.append(f'<text x="8" y="{y + 12}" font-size="12" font-weight="bold">'
+                   f'{_esc(str(names.get(pid, pid)))}</text>')
+        y += row
+        for e in sorted((e for e in spans if e.pid == pid), key=lambda e: e.ts):
+            label, colour = kind_of(e.name)
+            x = left + min(e.ts, end) * scale
+            full = (e.dur or 0) * scale
+            w = max(min(full, left + end * scale - x), 1.5)
+            on_path = id(e) in crit
+            extra = " ".join(f"{k}={v}" for k, v in e.args.items() if k != "name")
+            bold = ' font-weight="bold"' if on_path else ""
+            mark = star + " " if on_path else ""
+            out.append(f'<text x="22" y="{y + 12}" font-size="11"{bold}>{mark}{_esc(e.name)}</text>')
+            stroke = ' stroke="#000" stroke-width="1.5"' if on_path else ""
+            out.append(f'<rect x="{x:.1f}" y="{y + 2}" width="{w:.1f}" height="{row - 4}" fill="{colour}"{stroke}>'
+                       f"<title>{_esc(e.name)}: {(e.dur or 0) / 1e3:.3f} ms at {e.ts / 1e3:.3f} ms ({label})"
+                       f"</title></rect>")
+            cut = ", cut at the axis' end" if full > w + 1 or e.ts > end else ""
+            note = f"{(e.dur or 0) / 1e3:.2f} ms{cut}" + (f"  {extra}" if extra else "")
+            out.append(f'<text x="{x + w + 4:.1f}" y="{y + 12}" font-size="10" fill="#333">{_esc(note)}</text>')
+            y += row
+        y += 6
+    for ms in _ticks(end / 1e3):
+        x = left + ms * 1e3 * scale
+        out.insert(0, f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{y}" stroke="#e4e4e4"/>')
+    y += 10
+    out.append(f'<text x="8" y="{y + 12}" font-size="12" font-weight="bold">kinds of phase</text>')
+    x = 120
+    for label, colour in [(k[0], k[1]) for k in KINDS] + [OTHER]:
+        out.append(f'<rect x="{x}" y="{y + 2}" width="12" height="12" fill="{colour}"/>'
+                   f'<text x="{x + 16}" y="{y + 12}" font-size="11">{_esc(label)}</text>')
+        x += 24 + 6.2 * len(label)
+    y += row + 10
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y}" font-family="sans-serif">'
+            f'<rect width="100%" height="100%" fill="white"/>' + "".join(out) + "</svg>\n")
+
+
+def _ticks(end_ms: float) -> list[float]:
+    """Axis ticks every 1, 2, 5, 10 ... ms: about ten of them."""
+    step = 1.0
+    while end_ms / step > 12:
+        step *= 2.5 if str(step)[0] == "2" else 2
+    return [i * step for i in range(int(end_ms / step) + 1)]

@@ -25,7 +25,29 @@ def test_round_trip_table_and_critical_path(tmp_path):
     assert "gofer (container pid 1)" in out and "count=16" in out
     assert out.strip().endswith("gofer:start -> unshare -> fork pid 1 -> gpu mounts -> exec")
     picture = svg(events)
-    assert picture.startswith("<svg") and "clipped" in picture  # event loop start runs past exec
+    assert picture.startswith("<svg") and "cut at the axis' end" in picture  # the event loop's import runs past exec
+    _every_phase_is_named(picture, events)
+
+
+def _every_phase_is_named(picture: str, events) -> None:
+    """Every phase of 1 ms or more is named in the picture's visible text (not in a tooltip),
+    and so are the processes, the kinds of phase, the title's time to exec and the path."""
+    import xml.etree.ElementTree as ET
+
+    from sandbox.trace import KINDS, process_names
+
+    root = ET.fromstring(picture)
+    ns = "{http://www.w3.org/2000/svg}"
+    texts = ["".join(t.itertext()) for t in root.iter(f"{ns}text")]
+    shown = {t.removeprefix("\u2605 ") for t in texts}
+    for e in events:
+        if e.ph == "X" and (e.dur or 0) >= 1000:
+            assert e.name in shown, e.name
+    assert set(process_names(events).values()) <= shown
+    assert {label for label, _, _ in KINDS} <= shown
+    assert any(t.startswith("sandbox start: exec at 10.0 ms; critical path") for t in texts), texts[:3]
+    marked = [t for t in texts if t.startswith("\u2605 ")]
+    assert sorted(t.removeprefix("\u2605 ") for t in marked) == sorted(e.name for e in critical_path(events))
 
 
 def test_empty_trace():
