@@ -93,7 +93,11 @@ def parser():
 
     class Parser(argparse.ArgumentParser):
         def error(self, message):  # one line, as every other error (argparse prints usage too)
-            line = f"{self.prog}: {message} (see {self.prog} --help)"
+            prog = self.prog
+            verb = verb_of(_ARGV)
+            if prog == "sandbox" and verb in VERBS:  # (argparse's top level says what its verb's do not know)
+                prog = f"sandbox {verb}"
+            line = f"{prog}: {message} (see {prog} --help)"
             _log(_log_flags(_ARGV), line)  # where an engine's shim looks, first
             _stderr(line)
             raise SystemExit(2)

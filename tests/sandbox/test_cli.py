@@ -77,6 +77,8 @@ def test_first_hour_messages(tmp_path, monkeypatch):
         "directory with a config.json)\n", r.stderr
     r = cli("run", "nope", cwd=tmp_path)
     assert r.returncode == 2 and "nope: no such bundle directory" in r.stderr and "sandbox run BUNDLE" in r.stderr
+    r = cli("run", str(tmp_path), "--bogus")
+    assert r.returncode == 2 and r.stderr == "sandbox run: unrecognized arguments: --bogus (see sandbox run --help)\n"
     r = cli("hook")
     assert r.returncode == 2 and "empty" in r.stderr and "sandbox hook install BUNDLE" in r.stderr, r.stderr
     lines = cli("--version").stdout.splitlines()
