@@ -98,8 +98,11 @@ _to_gofer = msgspec.msgpack.Decoder(ToGofer)
 _from_gofer = msgspec.msgpack.Decoder(FromGofer)
 
 
-class ProtocolError(Exception):
-    pass
+class ProtocolError(SandboxError):
+    """A frame that is cut, too big or malformed: the reason, one line."""
+
+    def __init__(self, message: str):
+        super().__init__(f"the gofer's socket: {message}", op="protocol")
 
 
 def frame(msg) -> bytes:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import stat
 
+from mounts.errors import SandboxError
+
 MAX_LINKS = 40
 
 
@@ -35,8 +37,11 @@ def opened_at(fd: int, path: str, proc: int | None = None) -> bool:
     return name in (path, path + " (deleted)")  # (replaced since, as ldconfig replaces its cache: it was there)
 
 
-class LinkLoop(Exception):
+class LinkLoop(SandboxError):
     """Resolving a path met more than MAX_LINKS symlinks (a loop)."""
+
+    def __init__(self, path: str):
+        super().__init__(f"{path}: too many levels of symbolic links", op="resolve", path=path)
 
 
 def resolve_in_root(root: str, path: str) -> str | None:

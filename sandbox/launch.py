@@ -153,7 +153,8 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
         # or the gofer is gone. An Error after Ready is an exec that failed.
         t = time.monotonic_ns()
         ready = failure = None
-        while (msg := _recv(sock)) is not None:
+        broken: list = []
+        while (msg := _recv(sock, broken)) is not None:
             if isinstance(msg, protocol.Paused):
                 init = msg.pid
                 failure = failure or _runtime_hooks(hooks, opts, bundle.path, spec.annotations, msg.pid, sock)
@@ -169,6 +170,8 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
         failure = error or failure
         if failure is None and ready is None:
             failure = _gofer_died(gofer.pid)
+            if broken and "exited with status 0" in str(failure):  # (no signal, no init's end to say)
+                failure = broken[0]
         if failure is not None:
             raise failure
         assert ready is not None  # (failure is set whenever ready is not)
@@ -311,12 +314,17 @@ def _stream_plan(sock, request, bundle, opts: Options, spans, cgroup=None) -> No
     spans.add("closure + stream", t, actions=n)
 
 
-def _recv(sock):
+def _recv(sock, broken: list):
+    """The next frame from the gofer; None at EOF, or for a broken frame (kept in
+    ``broken``: said when nothing better says why the gofer stopped)."""
     from gofer import protocol
 
     try:
         return protocol.recv_reply(sock)
-    except (ConnectionResetError, protocol.ProtocolError):
+    except ConnectionResetError:
+        return None
+    except protocol.ProtocolError as e:
+        broken.append(e)
         return None
 
 
