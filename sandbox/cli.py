@@ -505,6 +505,11 @@ def main(argv: list[str] | None = None) -> int:
         code = hook_server.forward(argv)  # a warm server, if one listens
         if code is not None:
             return code
+    warm = None
+    if verb == "exec":  # the child's first cgroup.procs write finds the kernel's lock warm (sandbox/fork.py)
+        from sandbox.fork import warm_cgroup_lock
+
+        warm = warm_cgroup_lock()
     if verb in ("run", "create"):
         # Fork the gofer before anything is imported or parsed (see sandbox/launch.py).
         from sandbox.fork import spawn_gofer
@@ -512,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         gofer = spawn_gofer()
     _ARGV[:] = argv
     args = hook_args(argv) or lean_args(argv) or parser().parse_args(argv)
+    args.warm = warm
     from mounts.errors import SandboxError
 
     try:

@@ -38,6 +38,10 @@ def main(args) -> int:
         console = connect_console(args.console_socket)
     from gofer.enter import spawn
 
+    if getattr(args, "warm", None) is not None:
+        from sandbox.fork import stop_warming
+
+        stop_warming(args.warm)  # before the fork below
     pid = spawn(state.pid, proc, console, args.preserve_fds, args.detach, spec.linux.seccomp, state.cgroup,
                 state.start_time, spec.linux.personality)
     if args.pid_file:

@@ -42,7 +42,7 @@ def spawn_gofer() -> Gofer:
 MAX_WARM = 1.0  # seconds: the thread's whole life, whatever happens to the flag
 
 
-def warm_cgroup_lock() -> list[bool]:
+def warm_cgroup_lock() -> list:
     """Start a thread that keeps the kernel's cgroup attach lock warm until its flag is cleared.
 
     The first write to any cgroup.procs after a quiet spell waits for an RCU grace period
@@ -58,7 +58,7 @@ def warm_cgroup_lock() -> list[bool]:
     the host). MAX_WARM at most. Each write holds the lock for microseconds, during which forks and
     exits on the host wait. Best effort: any error ends the thread, and the step pays as
     before. (A pid no task has is refused before the lock is taken, on 6.x: it does not warm it.)"""
-    flag = [True]
+    flag: list = [True, _thread.allocate_lock()]  # [go on, held around each write]
 
     def keep_warm() -> None:
         me = str(_thread.get_native_id())
@@ -71,7 +71,10 @@ def warm_cgroup_lock() -> list[bool]:
             fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
             try:
                 while flag[0] and time.monotonic() < deadline:
-                    os.write(fd, me.encode())
+                    with flag[1]:
+                        if not flag[0]:
+                            break
+                        os.write(fd, me.encode())
                     time.sleep(0.002)
             finally:
                 os.close(fd)
@@ -80,3 +83,9 @@ def warm_cgroup_lock() -> list[bool]:
 
     _thread.start_new_thread(keep_warm, ())
     return flag
+
+
+def stop_warming(flag: list) -> None:
+    """The thread writes no more once this returns (a fork may follow: none of it is mid-write)."""
+    with flag[1]:
+        flag[0] = False
