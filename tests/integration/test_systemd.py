@@ -98,3 +98,28 @@ def test_bad_paths_are_one_line(make_bundle, tmp_path):
     bundle = _bundle(make_bundle, ["true"], path="demo")
     r = under_systemd(f"{PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s run {bundle} --id b1 || echo rc=$?")
     assert 'expected "slice:prefix:name" for systemd cgroups' in r.stderr and "rc=2" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_limits_and_device_rules_as_runcs_systemd_driver(make_bundle, tmp_path):
+    """test_cgroups.py's probe (memory and pids limits read inside, a disk and /dev/mem
+    denied to a container holding CAP_MKNOD, /dev/null usable), under both runtimes'
+    systemd drivers on the same bundle: the same lines."""
+    from tests.integration.test_cgroups import PROBE
+
+    bundle = _bundle(make_bundle, ["sh", "-c", PROBE], path="system.slice:demo:i1")
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["capabilities"] = {k: ["CAP_MKNOD", "CAP_DAC_OVERRIDE"] for k in ("bounding", "effective",
+                                                                                        "permitted")}
+    spec["mounts"].append({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+                           "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]})
+    (bundle / "config.json").write_text(json.dumps(spec))
+    r = under_systemd(f"""
+        echo ours; {PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s run {bundle} --id i1
+        echo runc; runc --systemd-cgroup --root {tmp_path}/r run -b {bundle} i1
+        systemctl show demo-i1.scope -p LoadState
+    """)
+    assert r.returncode == 0, r.stderr
+    ours, theirs = r.stdout.split("runc\n")
+    expected = [str(64 << 20), "100", "disk-denied", "mem-denied", "null-ok"]
+    assert ours.split()[1:] == expected, r.stdout
+    assert theirs.split()[:5] == expected and theirs.split()[5] == "LoadState=not-found", r.stdout
