@@ -199,9 +199,9 @@ def _ordinary_dir(root: Root, unsafe_path: str) -> None:
     try:
         os.close(sc.openat2(root.fd, unsafe_path.lstrip("/") or ".", os.O_PATH,
                             sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_SYMLINKS, what=unsafe_path))
-    except OSError as e:  # (a SyscallError: its errno says which)
-        if e.errno == errno.ENOENT:
-            return  # made as a directory by the mount
+    except FileNotFoundError:
+        pass  # made as a directory by the mount
+    except OSError as e:
         if e.errno == errno.ELOOP:
             raise MountError(unsafe_path, "must be mounted on an ordinary directory, not through a symlink") from None
         raise

@@ -119,17 +119,32 @@ _prctl.restype = ctypes.c_int
 
 
 class SyscallError(OSError):
-    """An OSError whose message names the operation and its arguments."""
+    """An OSError whose message names the operation and its arguments. Made for an errno
+    that has one of OSError's own subclasses (ENOENT: FileNotFoundError ...), it is one of
+    those too, as os.open's errors are: ``except FileNotFoundError`` catches it."""
 
     errno: int  # always set: __init__ passes (err, message) to OSError
     strerror: str
 
+    def __new__(cls, err: int, op: str = "", detail: str = ""):
+        if cls is SyscallError and err in _KINDS:
+            cls = _KINDS[err]
+        # (the arguments are OSError's from here: its __init__ takes none once __new__ did)
+        return OSError.__new__(cls, err, f"{op} {detail}: {os.strerror(err)}")
+
     def __init__(self, err: int, op: str, detail: str):
-        super().__init__(err, f"{op} {detail}: {os.strerror(err)}")
         self.op = op
 
     def __str__(self) -> str:
         return self.strerror
+
+
+_KINDS: dict[int, type[SyscallError]] = {
+    err: type(f"Syscall{base.__name__}", (SyscallError, base), {})
+    for err, base in ((errno.ENOENT, FileNotFoundError), (errno.EEXIST, FileExistsError),
+                      (errno.ENOTDIR, NotADirectoryError), (errno.EISDIR, IsADirectoryError),
+                      (errno.EACCES, PermissionError), (errno.EPERM, PermissionError),
+                      (errno.EAGAIN, BlockingIOError), (errno.EINTR, InterruptedError))}
 
 
 def mount_flags_str(flags: int) -> str:

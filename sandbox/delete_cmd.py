@@ -20,17 +20,15 @@ def main(args) -> int:
             raise SandboxError(f"{sd.dir}: not a state directory (a link or a file is in its place)")
         sd.remove()
         return 0
-    d = sd.open_dir()
-    if d is None:
-        if args.force:
-            return 0
-        raise SandboxError(f"container {args.container_id!r} does not exist (under {args.root})")
-    os.close(d)
     state = sd._read()
-    if state is None:  # a create that died before writing its state: nothing runs
-        sd.remove()
+    if state is None:
+        if not os.path.lexists(sd.dir):
+            if args.force:
+                return 0
+            raise SandboxError(f"container {args.container_id!r} does not exist (under {args.root})")
+        sd.remove()  # a create that died before writing its state: nothing runs
         return 0
-    status = sd.status(state)
+    status = state.status
     if status != "stopped" and not args.force:
         raise SandboxError(f"cannot delete container {state.id!r} that is not stopped: {status}")
     if status != "stopped" or not state.pid_ns_own:

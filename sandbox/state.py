@@ -165,7 +165,7 @@ class StateDir:
                         if e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                             raise
                     old = self._read()
-                    if old is None or not (old.foreground and self.status(old) == "stopped"):
+                    if old is None or not (old.foreground and old.status == "stopped"):
                         raise SandboxError(f"container {self.id!r} already exists ({self.dir})")
                     self.remove()
                 raise SandboxError(f"container {self.id!r} already exists ({self.dir})")
@@ -216,47 +216,42 @@ class StateDir:
 
     def unlink(self, name: str) -> None:
         d = self.open_dir()
-        if d is None:
-            return
-        try:
-            os.unlink(name, dir_fd=d)
-        except FileNotFoundError:
-            pass
-        finally:
-            os.close(d)
+        if d is not None:
+            try:
+                _unlink(d, name)
+            finally:
+                os.close(d)
 
     def load(self) -> State:
         """The recorded state with its status derived; an error naming the id if none."""
         state = self._read()
         if state is None:
             raise SandboxError(f"container {self.id!r} does not exist (under {self.root})")
-        state.status = self.status(state)
         return state
 
     def _read(self) -> State | None:
+        """The recorded state with its status derived, both through one fd of the directory;
+        None where there is none (or a create died before writing it)."""
         d = self.open_dir()
         if d is None:
             return None
         try:
-            fd = os.open("state.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
-            with os.fdopen(fd) as f:
-                data = jsonlite.loads(f.read())
-            return State(**{k: data[k] for k in State.FIELDS if k in data})
-        except (OSError, ValueError, TypeError):
-            return None
+            try:
+                fd = os.open("state.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
+                with os.fdopen(fd) as f:
+                    data = jsonlite.loads(f.read())
+                state = State(**{k: data[k] for k in State.FIELDS if k in data})
+            except (OSError, ValueError, TypeError):
+                return None
+            if state.pid <= 0 or start_time(state.pid) != state.start_time:
+                state.status = "stopped"
+            elif state.creating:
+                state.status = "creating"
+            else:
+                state.status = "created" if _exists(d, FIFO) else "running"
+            return state
         finally:
             os.close(d)
-
-    def status(self, state: State) -> str:
-        if state.pid <= 0 or start_time(state.pid) != state.start_time:
-            return "stopped"
-        if state.creating:
-            return "creating"
-        try:
-            os.close(self.open(FIFO, os.O_PATH))
-        except OSError:
-            return "running"
-        return "created"
 
     def remove(self) -> None:
         """The directory and what we keep in it; a link in its place is removed itself (as
@@ -266,12 +261,9 @@ class StateDir:
             return
         try:
             if self.is_link():
-                try:
-                    os.unlink(self.id, dir_fd=root)
-                except FileNotFoundError:
-                    pass
-                return
-            self._clear(root, self.id)
+                _unlink(root, self.id)
+            else:
+                self._clear(root, self.id)
         finally:
             os.close(root)
 
@@ -286,16 +278,28 @@ class StateDir:
         try:
             for entry in os.listdir(d):
                 if entry in ("state.json", FIFO) or entry.startswith("state.json."):
-                    try:
-                        os.unlink(entry, dir_fd=d)
-                    except FileNotFoundError:
-                        pass
+                    _unlink(d, entry)
         finally:
             os.close(d)
         try:
             os.rmdir(name, dir_fd=root)
         except FileNotFoundError:
             pass
+
+
+def _unlink(d: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=d)
+    except FileNotFoundError:
+        pass
+
+
+def _exists(d: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=d, follow_symlinks=False)
+        return True
+    except OSError:
+        return False
 
 
 def new_state(cid: str, pid: int, bundle: str, rootfs: str = "", annotations: dict | None = None,
@@ -337,6 +341,5 @@ def list_states(root: str) -> list[State]:
             except SandboxError:  # a link or a file in a container's place: not one
                 continue
             if st is not None:
-                st.status = sd.status(st)
                 out.append(st)
     return out
