@@ -85,7 +85,8 @@ class _Claim:
                     os.unlink(os.path.join(APPLIED, name))
                 except FileNotFoundError:
                     pass
-        os.close(os.open(os.path.join(APPLIED, self.name), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        os.close(os.open(os.path.join(APPLIED, self.name), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600))
 
     def release(self) -> None:
         os.close(self.fd)

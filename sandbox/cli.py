@@ -477,6 +477,12 @@ def _stderr(line: str) -> None:
         pass
 
 
+def warn(message: str) -> None:
+    """A warning line (poststart and poststop hooks, CDI, a cgroup not ours), written as
+    errors are: stderr may be /dev/null read-only under an engine's shim."""
+    _stderr(f"sandbox: warning: {message}")
+
+
 def _one_line(e: BaseException) -> str:
     """An error as one line: a plain OSError as "PATH: what" (never "[Errno N] ...")."""
     if isinstance(e, OSError) and type(e).__str__ is OSError.__str__ and e.strerror:

@@ -20,7 +20,6 @@ def main(args, gofer: Gofer | None = None) -> int:
     if args.pid_file:
         write_pid_file(args.pid_file, started.pid)
     if started.trace:  # the container exists now: a trace that cannot be written only warns
-        import sys
 
         from mounts.errors import SandboxError
         from sandbox.trace import write_trace
@@ -28,5 +27,7 @@ def main(args, gofer: Gofer | None = None) -> int:
         try:
             write_trace(started.trace, spans.items + started.spans)
         except SandboxError as e:
-            print(f"sandbox: warning: {e}", file=sys.stderr)
+            from sandbox.cli import warn
+
+            warn(str(e))
     return 0

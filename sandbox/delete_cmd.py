@@ -6,7 +6,6 @@ is not stopped MUST NOT be deleted, and so do we.)"""
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 from mounts.errors import SandboxError
@@ -57,6 +56,8 @@ def main(args) -> int:
         try:
             run_hooks(state.hooks("poststop"), "poststop", state_json(state.id, "stopped", 0, state.bundle, state.annotations))
         except SandboxError as e:
-            print(f"sandbox: warning: {e}", file=sys.stderr)
+            from sandbox.cli import warn
+
+            warn(str(e))
     sd.remove()
     return 0

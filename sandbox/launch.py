@@ -111,6 +111,8 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                 spec, request, warnings = resolve(spec, opts.gpus, opts.capabilities, opts.max_capabilities,
                                                   opts.cdi_spec_dirs)
                 for w in warnings:
+                    from sandbox.cli import warn
+
                     warn(w)
                 assert spec.process is not None  # (CDI edits keep it)
                 if spec.process.terminal and opts.detached and not opts.console_socket:
@@ -208,14 +210,6 @@ def _reap_all(deadline: float) -> None:
             time.sleep(0.002)
 
 
-def warn(message: str) -> None:
-    """One warning line on stderr, which may be closed or read-only under an engine."""
-    try:
-        os.write(2, f"sandbox: warning: {message}\n".encode(errors="replace"))
-    except OSError:
-        pass
-
-
 def _annotated_trace(value: str | None, opts: Options) -> str | None:
     """The trace a bundle asks for with its annotation: "true" or a bare file name, written
     under ``<--root>/traces/``. Never a path: annotations come from whoever writes the pod
@@ -281,6 +275,8 @@ def _cgroup(spec, opts: Options, gofer: int, sd):
         if not _own_pid_ns(spec):
             raise SandboxError(f"linux.cgroupsPath: {where} already has {len(found)} process(es) and the "
                                "container has no pid namespace of its own: refusing to share the cgroup")
+        from sandbox.cli import warn
+
         warn(f"linux.cgroupsPath: {where} is not empty: {len(found)} process(es) found (they are not the "
              "container's: kill --all and delete --force leave them)")
     sd.write(state)

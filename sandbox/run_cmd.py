@@ -96,14 +96,15 @@ def _exited_within(pid: int, timeout: float) -> int | None:
 
 def _warn_hooks(run_hooks, hooks, stage: str, state: bytes) -> None:
     """poststart and poststop failures are warnings (the runtime spec's rule)."""
-    import sys
 
     from mounts.errors import SandboxError
 
     try:
         run_hooks(hooks, stage, state)
     except SandboxError as e:
-        print(f"sandbox: warning: {e}", file=sys.stderr)
+        from sandbox.cli import warn
+
+        warn(str(e))
 
 
 def _kill(pid: int) -> None:

@@ -39,6 +39,7 @@ def release(sd: StateDir, state: State) -> None:
             run_hooks(state.hooks("poststart"), "poststart", state_json(state.id, "running", state.pid, state.bundle,
                                                               state.annotations))
         except SandboxError as e:
-            import sys
 
-            print(f"sandbox: warning: {e}", file=sys.stderr)
+            from sandbox.cli import warn
+
+            warn(str(e))

@@ -37,6 +37,18 @@ def driver_root() -> Path:
     path.unlink(missing_ok=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_setup_records_left():
+    """The hook's records of containers set up (gofer/embed.py APPLIED): each test's
+    container is gone by the session's end, and so must its record be."""
+    from gofer.embed import APPLIED
+
+    before = set(os.listdir(APPLIED)) if os.path.isdir(APPLIED) else set()
+    yield
+    for name in set(os.listdir(APPLIED)) - before if os.path.isdir(APPLIED) else ():
+        os.unlink(os.path.join(APPLIED, name))
+
+
 @pytest.fixture(scope="session")
 def driver_version(driver_root) -> str:
     return fixtures.driver_version(driver_root)
