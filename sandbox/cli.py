@@ -31,6 +31,7 @@ VERBS = {
     "plan": "print the GPU mount plan for a bundle",
     "trace": "print (or draw) the phases of a startup trace",
     "hook": "OCI prestart/createRuntime hook for runc and crun (hook install: add it to a bundle)",
+    "serve": "the warm server: serves hooks, and the verbs that start no process, from imported code",
     "cdi": "CDI: generate our spec, list the devices the specs define, or run our spec's hook",
 }
 # runc update's single-value flags (and the linux.resources field each one sets)
@@ -224,6 +225,10 @@ def parser():
     p = sub.add_parser("trace", help=VERBS["trace"])
     p.add_argument("file")
     p.add_argument("--svg", metavar="FILE", help="also draw the timeline as an SVG picture")
+
+    p = sub.add_parser("serve", help=VERBS["serve"])
+    p.add_argument("--server", metavar="SOCKET", help="where to listen (default $SANDBOX_SERVER, "
+                   "else /run/gpu-sandbox/hook.sock)")
 
     p = sub.add_parser("hook", help=VERBS["hook"])
     p.add_argument("action", nargs="?", choices=["install", "serve"],
@@ -553,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
             from sandbox import cdi_cmd as mod
         elif args.verb in ("list", "state", "kill", "ps"):
             from sandbox import state_cmd as mod
+        elif args.verb == "serve":
+            from sandbox import hook_server as mod
         else:
             from sandbox import hook_cmd as mod
         return mod.main(args, gofer) if gofer is not None else mod.main(args)

@@ -1,5 +1,6 @@
-"""A warm `sandbox hook`: a resident server that has imported everything once and forks a
-child per hook, and the client side of it, which every hook tries first.
+"""The warm server (`sandbox serve`, or `sandbox hook serve`): a resident process that has
+imported everything once and forks a child per request, for hooks and for the verbs that
+start no process (SERVED); and the hook's client side of it, which every hook tries first.
 
 A hook is a new Python process per container: its interpreter and imports (msgspec, the
 plan, the ELF reader) are ~20 ms of the ~25 it adds to `runc run`, its work ~5. With
@@ -21,6 +22,24 @@ itself, as before; nothing else changes.
 The child has the hook's environment, not the server's (PATH only) and works from "/":
 what reaches it is what reaches a hook. Only root may connect (SO_PEERCRED); the socket
 lives in a directory only root can enter.
+
+A served verb (state, kill, delete, start, ...) comes from the `sandbox` launcher itself
+(sandbox/launcher.c), never from Python:
+
+    launcher (the verb's process)          server                   child
+    {"verb": argv, "cwd", "umask", "env"}
+      + SCM_RIGHTS stdin, stdout, stderr -> accept, trusted peer? -> fork: those fds as
+                                                                     0, 1, 2, that cwd, umask
+                    <------------------------------------------      {"running"}
+                                                                     and environment; cli.main
+                    <------------------------------------------      {"code"}
+    exit with it (on {"fallback"}, or an EOF before {"running"}: a server that never took the
+    verb up, start Python and run the verb itself)
+
+These verbs fork nothing the container runs (poststart and poststop hooks are the spec's
+commands, run to completion), so nothing needs to descend from the engine's process; run,
+create and exec always run in the launcher's own process tree. A server keeps the code it
+started with: restart it after an upgrade.
 """
 
 from __future__ import annotations
@@ -28,8 +47,9 @@ from __future__ import annotations
 import os
 import sys
 
-SOCKET = "/run/gpu-sandbox/hook.sock"
+SOCKET = "/run/gpu-sandbox/hook.sock"  # (the hook's first; the launcher's too: $SANDBOX_SERVER)
 MAX_REQUEST = 1 << 20
+SERVED = ("state", "kill", "delete", "start", "list", "ps", "features", "update")
 
 
 def _server_path(argv: list[str]) -> str:
@@ -90,8 +110,8 @@ def _replay(data: bytes):
 
 def _trusted_peer(conn) -> bool:
     """The client must be what a runtime's hook is: root with CAP_SYS_ADMIN, in our user,
-    mount and pid namespaces (a uid-0 process without capabilities, or a container's root, may not
-    have us widen a container's device rules or mount into it)."""
+    mount, pid and cgroup namespaces (a uid-0 process without capabilities, or a container's
+    root, may not have us widen a container's device rules, mount into it or signal it)."""
     import socket
 
     pid, uid, _gid = _unpack_cred(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
@@ -105,7 +125,7 @@ def _trusted_peer(conn) -> bool:
         with open(f"/proc/{pid}/status") as f:
             caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
         same = all(os.stat(f"/proc/{pid}/ns/{ns}").st_ino == os.stat(f"/proc/self/ns/{ns}").st_ino
-                   for ns in ("user", "mnt", "pid"))  # pid: the state's pid names the same process
+                   for ns in ("user", "mnt", "pid", "cgroup"))  # pid: the state's pid names the same process
         if pidfd is not None:
             with open(f"/proc/self/fdinfo/{pidfd}") as f:
                 same = same and any(line.split() == ["Pid:", str(pid)] for line in f)
@@ -123,15 +143,24 @@ REPLY_TIMEOUT = 60.0  # s a client waits for the answer, then does the work itse
 DECLINE_WAIT = 0.1  # s for the request of a client we decline
 
 
+def main(args) -> int:
+    return serve(args)
+
+
 def serve(args) -> int:
-    """`sandbox hook serve [--server PATH]`: listen until SIGTERM or SIGINT."""
+    """`sandbox serve [--server PATH]` (or `sandbox hook serve`): listen until SIGTERM or SIGINT."""
     import signal
 
     from mounts.errors import SandboxError
 
     _preload()
-    path = os.path.abspath(args.server or SOCKET)
-    listener = _listen(path)
+    listener = _activated()
+    if listener is not None:
+        path = listener.getsockname()
+    else:
+        path = os.path.abspath(args.server or (os.environ.get("SANDBOX_SERVER") if args.verb == "serve" else None)
+                               or SOCKET)
+        listener = _listen(path)
     print(f"sandbox hook serve: listening on {path}", file=sys.stderr, flush=True)
 
     def stop(_signum, _frame):
@@ -185,6 +214,22 @@ def serve(args) -> int:
             pass
 
 
+def _activated():
+    """The listening socket systemd passed us (a socket unit: LISTEN_FDS=1, fd 3), or None."""
+    import socket
+
+    if os.environ.pop("LISTEN_PID", None) != str(os.getpid()) or os.environ.pop("LISTEN_FDS", None) != "1":
+        return None
+    os.environ.pop("LISTEN_FDNAMES", None)
+    listener = socket.socket(fileno=3)
+    listener.set_inheritable(False)
+    if listener.family != socket.AF_UNIX or listener.type != socket.SOCK_SEQPACKET:
+        from mounts.errors import SandboxError
+
+        raise SandboxError("the socket systemd passed is not a unix SOCK_SEQPACKET one (ListenSequentialPacket=)")
+    return listener
+
+
 def _listen(path: str):
     import socket
 
@@ -224,8 +269,82 @@ _bound: dict[str, int] = {}  # socket path -> the inode we bound there
 _children: set[int] = set()
 
 
+def _receive(conn):
+    """One request and the fds sent with it (closed-on-exec, as every fd of ours)."""
+    import socket
+
+    size = socket.CMSG_SPACE(3 * 4)
+    data, ancillary, _flags, _addr = conn.recvmsg(MAX_REQUEST, size, socket.MSG_CMSG_CLOEXEC)
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += [int.from_bytes(payload[i:i + 4], "little") for i in range(0, len(payload) - len(payload) % 4, 4)]
+    return data, fds
+
+
 def _handle(conn) -> int:
-    """In the forked child: one hook, answered on ``conn``."""
+    """In the forked child: one request, answered on ``conn``."""
+    from sandbox.jsonlite import loads
+
+    data, fds = _receive(conn)
+    try:
+        request = loads(data.decode())
+    except (ValueError, UnicodeError):
+        request = None
+    if isinstance(request, dict) and "verb" in request:
+        return _run_verb(conn, request, fds)
+    for fd in fds:
+        os.close(fd)
+    return _run_hook(conn, data)
+
+
+def _run_verb(conn, request: dict, fds: list[int]) -> int:
+    """A verb of SERVED, as the launcher would have run it: its stdio, cwd, umask, environment."""
+    import signal
+    import time
+
+    from sandbox import cli
+    from sandbox.jsonlite import dumps
+
+    t = time.monotonic()
+    argv, cwd, umask, env = request.get("verb"), request.get("cwd"), request.get("umask"), request.get("env")
+    if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv) and cli.verb_of(argv) in SERVED
+            and isinstance(cwd, str) and isinstance(umask, int) and 0 <= umask <= 0o777 and isinstance(env, list)
+            and all(isinstance(e, str) and "=" in e for e in env) and len(fds) == 3):
+        _decline(conn, "a request the launcher does not send", read=False)
+        return 0
+    try:
+        os.chdir(cwd)
+    except OSError as e:
+        _decline(conn, f"cwd {cwd}: {e.strerror}", read=False)
+        return 0
+    log = os.dup(2)  # the server's own stderr, before the caller's takes its place
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.umask(umask)
+    os.environ.clear()
+    os.environ.update(e.split("=", 1) for e in env)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    conn.sendall(b'{"running": true}')  # from here on the verb is ours: died, the launcher may not redo it
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # argparse: an error (2) or --help (0)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    conn.sendall(dumps({"code": code}).encode())
+    os.write(log, f"sandbox serve: {' '.join(argv)[:200]}: exit {code} in {(time.monotonic() - t) * 1e3:.1f} ms\n"
+             .encode("utf-8", "replace"))
+    return 0
+
+
+def _run_hook(conn, data: bytes) -> int:
+    """One hook, answered on ``conn``."""
     import time
 
     from mounts.errors import SandboxError
@@ -237,10 +356,10 @@ def _handle(conn) -> int:
     os.environ.update(item.partition("=")[::2] for item in hook_cmd.HOOK_ENV)  # (each has an =)
     code, error, cid = 1, "", "?"
     try:
-        request = loads(conn.recv(MAX_REQUEST).decode())
+        request = loads(data.decode())
         args = cli.hook_args(request["argv"])
         if args is None or args.trace:  # (a trace is the hook's own to write: never ours, as root, for it)
-            _decline(conn, "arguments only the hook itself reads")
+            _decline(conn, "arguments only the hook itself reads", read=False)
             return 0
         state = request["stdin"].encode("utf-8", "surrogateescape")
         cid = str(loads(request["stdin"]).get("id", "?")) if request["stdin"].lstrip().startswith("{") else "?"
@@ -256,17 +375,19 @@ def _handle(conn) -> int:
     return 0
 
 
-def _decline(conn, why: str) -> None:
+def _decline(conn, why: str, read: bool = True) -> None:
     """Tell the client to do the work itself (it then runs as if no server listened)."""
     from sandbox.jsonlite import dumps
 
-    try:
-        # the request first (ours send it right after connect): closed with it unread, the
-        # socket would reset the connection before the client reads our answer
-        conn.settimeout(DECLINE_WAIT)
-        conn.recv(MAX_REQUEST)
-    except OSError:
-        pass
+    if read:
+        try:
+            # the request first (ours send it right after connect): closed with it unread, the
+            # socket would reset the connection before the client reads our answer (its fds,
+            # if any, are closed with the message)
+            conn.settimeout(DECLINE_WAIT)
+            conn.recv(MAX_REQUEST)
+        except OSError:
+            pass
     try:
         conn.setblocking(False)  # never held up by a client that does not read
         conn.send(dumps({"fallback": why}).encode())
@@ -275,13 +396,15 @@ def _decline(conn, why: str) -> None:
 
 
 def _preload() -> None:
-    """Everything a hook imports, once, here: each child starts with it loaded."""
+    """Everything a hook and a served verb import, once, here: each child starts with it loaded."""
+    import argparse  # noqa: F401
+
     import sandbox.config  # noqa: F401
     import sandbox.hook_cmd  # noqa: F401
     import sandbox.trace  # noqa: F401
     from gofer import embed, gpu, root, spans  # noqa: F401
     from mounts import driver, elf, ldcache, plan, request, spec  # noqa: F401
-    from sandbox import api  # noqa: F401
+    from sandbox import api, delete_cmd, features_cmd, start_cmd, state_cmd, update_cmd  # noqa: F401
 
 
 def _reap() -> None:

@@ -13,8 +13,19 @@
  * before 5.12) the interpreter runs as it is, and sandbox/sealed.py re-executes the verbs
  * that reach a container from a sealed memfd copy instead.
  *
+ * A verb that starts no process of the container's (state, kill, delete, start, ...: the
+ * warm server's SERVED) is first offered to the warm server (sandbox/hook_server.py, at
+ * $SANDBOX_SERVER or /run/gpu-sandbox/hook.sock; SANDBOX_SERVER= never): the request carries
+ * the command line, the cwd, the umask and the environment, and this process's stdin, stdout
+ * and stderr as SCM_RIGHTS, so the server's forked child writes where the verb would, and
+ * the exit code comes back. No Python starts here. Where the server is of no use (none
+ * listens, it is not root's, it declines, a full queue for a second, an argument that is not
+ * UTF-8) the verb runs here as before.
+ *
  * sandbox/launcher.py builds this file with SANDBOX_PYTHON (the interpreter, as argv[0]
- * names it) and SANDBOX_CODE (the program for -c) defined in a generated header.
+ * names it), SANDBOX_CODE (the program for -c), SANDBOX_SERVED and SANDBOX_GLOBAL_VALUES
+ * (the served verbs and the global options that take a value, from Python's own lists)
+ * defined in a generated header.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -23,15 +34,125 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include SANDBOX_CONFIG
+#include "server_wire.h"
 
 extern char **environ;
 
+static const char *const served_verbs[] = {SANDBOX_SERVED, NULL};
+static const char *const global_values[] = {SANDBOX_GLOBAL_VALUES, NULL};
+
+static int listed(const char *const *list, const char *s) {
+    for (; *list; list++)
+        if (strcmp(*list, s) == 0) return 1;
+    return 0;
+}
+
+/* The verb, past the global options (cli.verb_of), or NULL. */
+static const char *verb_of(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] != '-') return argv[i];
+        if (listed(global_values, argv[i])) i++;
+    }
+    return NULL;
+}
+
+static int json_strings(struct buf *b, char **v, int n) {
+    for (int i = 0; i < n; i++)
+        if ((i && put(b, ", ", 2)) || !utf8((unsigned char *)v[i], strlen(v[i])) || json_string(b, v[i], strlen(v[i])))
+            return -1;
+    return 0;
+}
+
+/* The verb run by the warm server's child: its exit code, or -1 where the server is of no use. */
+static int served(int argc, char **argv) {
+    const char *path = getenv("SANDBOX_SERVER");
+    path = path ? path : DEFAULT_SOCKET;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (*path == '\0' || strlen(path) >= sizeof addr.sun_path) return -1;
+    strcpy(addr.sun_path, path);
+    for (int fd = 0; fd < 3; fd++)
+        if (fcntl(fd, F_GETFD) < 0) return -1; /* a closed stdio: as Python copes with it */
+    char cwd[PATH_MAX], mask[16];
+    if (getcwd(cwd, sizeof cwd) == NULL) return -1;
+    mode_t old = umask(0);
+    umask(old);
+    snprintf(mask, sizeof mask, "%u", (unsigned)old);
+    int n = 0;
+    while (environ[n]) n++;
+    struct buf req = {0};
+    if (put(&req, "{\"verb\": [", 10) || json_strings(&req, argv + 1, argc - 1) || put(&req, "], \"cwd\": ", 10)
+        || !utf8((unsigned char *)cwd, strlen(cwd)) || json_string(&req, cwd, strlen(cwd))
+        || put(&req, ", \"umask\": ", 11) || put(&req, mask, strlen(mask)) || put(&req, ", \"env\": [", 10)
+        || json_strings(&req, environ, n) || put(&req, "]}", 2)) {
+        free(req.p);
+        return -1;
+    }
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    struct timeval limit = {.tv_sec = 1}; /* connect and send: a full listen queue, as the hook's */
+    int fds[3] = {0, 1, 2};
+    union { char buf[CMSG_SPACE(sizeof fds)]; struct cmsghdr align; } control;
+    struct iovec iov = {.iov_base = req.p, .iov_len = req.n};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof fds);
+    memcpy(CMSG_DATA(c), fds, sizeof fds);
+    if (s < 0 || setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) < 0
+        || connect(s, (struct sockaddr *)&addr, sizeof addr) < 0
+        || getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.uid != 0
+        || sendmsg(s, &msg, 0) != (ssize_t)req.n) {
+        if (s >= 0) close(s);
+        free(req.p);
+        return -1;
+    }
+    free(req.p);
+    char reply[4096];
+    ssize_t r;
+    int running = 0;
+    for (;;) { /* {"running"} once the server's child takes the verb up, then {"code"} */
+        do r = recv(s, reply, sizeof reply - 1, 0); while (r < 0 && errno == EINTR);
+        if (r <= 0 || running) break;
+        reply[r] = '\0';
+        if (!field(reply, "running")) break;
+        running = 1;
+    }
+    close(s);
+    if (r <= 0 && !running) return -1; /* never taken up (a server stopping, a failed socket unit): here */
+    if (r <= 0) {
+        fprintf(stderr, "sandbox: the server at %s died before it answered\n", path);
+        return 1;
+    }
+    reply[r] = '\0';
+    if (field(reply, "fallback")) return -1; /* the server declined: the verb runs here */
+    const char *code = field(reply, "code");
+    char *end = NULL;
+    long v = code ? strtol(code, &end, 10) : 0;
+    if (!code || end == code) {
+        fprintf(stderr, "sandbox: the server at %s gave no exit code\n", path);
+        return 1;
+    }
+    return (int)(v & 0xff);
+}
+
 int main(int argc, char **argv)
 {
+    const char *verb = verb_of(argc, argv);
+    if (verb && listed(served_verbs, verb)) {
+        int code = served(argc, argv);
+        if (code >= 0)
+            return code;
+    }
     char **args = calloc((size_t)argc + 4, sizeof *args);
     if (args == NULL)
         return 1;

@@ -4,7 +4,8 @@ less per start), with this installation's import paths baked in. `scripts/setup`
 over pip's console script; `sandbox hook install` puts the same program in a hook entry.
 
 It is sandbox/launcher.c, built here with the interpreter and the program baked in: it runs
-the interpreter from a read-only view of itself (CVE-2019-5736, see there). Without a C
+the interpreter from a read-only view of itself (CVE-2019-5736, see there), and has the warm
+server run the verbs that start no process (SERVED, sandbox/hook_server.py). Without a C
 compiler it is a ``#!`` script, and sandbox/sealed.py seals the verbs that need it.
 
     python -m sandbox.launcher PATH     writes the launcher to PATH
@@ -50,6 +51,9 @@ def write_launcher(path: str) -> None:
     import subprocess
     import tempfile
 
+    from sandbox.cli import GLOBAL_VALUES
+    from sandbox.hook_server import SERVED
+
     tmp = f"{path}.tmp{os.getpid()}"
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
@@ -62,7 +66,9 @@ def write_launcher(path: str) -> None:
             config = os.path.join(d, "config.h")
             with open(config, "w") as f:
                 f.write(f"#define SANDBOX_PYTHON {c_string(sys.executable)}\n"
-                        f"#define SANDBOX_CODE {c_string(entry_code())}\n")
+                        f"#define SANDBOX_CODE {c_string(entry_code())}\n"
+                        f"#define SANDBOX_SERVED {', '.join(map(c_string, SERVED))}\n"
+                        f"#define SANDBOX_GLOBAL_VALUES {', '.join(map(c_string, GLOBAL_VALUES))}\n")
             subprocess.run([cc, "-O2", "-Wall", "-Werror", f'-DSANDBOX_CONFIG="{config}"', "-o", tmp, source],
                            check=True)
     os.replace(tmp, path)

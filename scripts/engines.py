@@ -38,6 +38,38 @@ IMAGE = fixtures.IMAGE
 DOCKER = "/usr/bin/docker"  # the Debian client that matches dockerd 20.10 (not /usr/local/bin's)
 
 
+class WarmServer:
+    """`sandbox serve` on a socket under ``base``, started and stopped by pid: with
+    SANDBOX_SERVER set to ``path``, the launcher has it run the verbs that start no process."""
+
+    def __init__(self, base: Path):
+        self.path = base / "server" / "server.sock"
+        self.log = base / "server.log"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> WarmServer:
+        base = self.path.parent.parent
+        base.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([SANDBOX, "serve", "--server", str(self.path)], stdin=subprocess.DEVNULL,
+                                         stdout=out, stderr=out)
+        deadline = time.monotonic() + 20
+        while not self.path.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"sandbox serve did not listen: {self.log.read_text()}")
+            time.sleep(0.02)
+        return self
+
+    def served(self) -> int:
+        """How many verbs it has served so far."""
+        return sum(1 for line in self.log.read_text().splitlines() if line.startswith("sandbox serve: "))
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=10)
+
+
 def _wait_gone(pid: int, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

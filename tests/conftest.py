@@ -15,6 +15,10 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import fixtures  # noqa: E402
 
+# No test is served by a warm server it did not start (one at the default socket would run
+# verbs with the code it started with): tests/integration/test_served.py starts its own.
+os.environ["SANDBOX_SERVER"] = ""
+
 
 @pytest.fixture(scope="session")
 def driver_root() -> Path:

@@ -8,7 +8,8 @@ interleaved (runc, sandbox, sandbox with NVIDIA_VISIBLE_DEVICES=all, runc, ...),
 
 Needs root. BENCH_N sets the run count (default 20; one more round warms caches and is
 dropped). CRI_PAUSE_DIRS=1 uses a pause image that also has /proc, /dev and /sys (where the
-runtime cannot start a pod of /pause alone).
+runtime cannot start a pod of /pause alone). BENCH_SERVER=1 starts a warm server (`sandbox
+serve`) and has containerd pass SANDBOX_SERVER on to the runtime.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(HERE.parents[1]), str(HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
 import cri  # noqa: E402
+import engines  # noqa: E402
 import fixtures  # noqa: E402
 
 N = int(os.environ.get("BENCH_N", "20"))
@@ -64,7 +66,11 @@ def main() -> int:
     c = cri.CRI(work, fixtures.driver_535(), trace=False,
                 pause_with_mount_points=os.environ.get("CRI_PAUSE_DIRS") == "1")
     times: dict[str, dict[str, list[float]]] = {v: {"start": [], "exec": [], "down": []} for v in VARIANTS}
+    server = engines.WarmServer(work / "warm") if os.environ.get("BENCH_SERVER") == "1" else None
     try:
+        if server:
+            server.__enter__()
+            os.environ["SANDBOX_SERVER"] = str(server.path)  # containerd's, and so its shims' and ours
         c.start()
         for i in range(N + 1):
             for v, (handler, env) in VARIANTS.items():
@@ -82,9 +88,14 @@ def main() -> int:
         problems = c.stop()
         if problems:
             print("cleanup:", problems, file=sys.stderr)
+        served = None
+        if server:
+            served = server.served()
+            server.__exit__()
         shutil.rmtree(work, ignore_errors=True)
     pause = "pause with /proc,/dev,/sys" if c.pause_dirs else "pause (/pause alone)"
-    print(f"containerd {c.version} CRI, {N} pods per handler, {EXECS} execs each, interleaved; {pause}")
+    print(f"containerd {c.version} CRI, {N} pods per handler, {EXECS} execs each, interleaved; {pause}"
+          + (f"; sandbox with its warm server ({served} verbs served)" if server else ""))
     print(f"{'handler':<14}{'pod start':>12}{'exec':>10}{'teardown':>12}   (median ms)")
     for v, t in times.items():
         print(f"{v:<14}{statistics.median(t['start']):>12.1f}{statistics.median(t['exec']):>10.1f}"

@@ -7,7 +7,10 @@ side by side in one run (interleaved), medians:
   for podman, containerd (ctr) and dockerd, each started privately (scripts/engines.py)
 
 and each runtime verb alone on one bundle (create, start, state, kill, delete): sandbox
-against runc. Needs root. BENCH_N sets the run count (default 20); BENCH_ENGINES the engines.
+against runc, and sandbox with its warm server (`sandbox serve`: the verbs that start no
+process served by it). Needs root. BENCH_N sets the run count (default 20); BENCH_ENGINES the
+engines; BENCH_SERVER=1 has the engines' sandbox use a warm server too (SANDBOX_SERVER in
+their environment, which they pass on to the runtime).
 """
 
 from __future__ import annotations
@@ -73,23 +76,34 @@ def bench_verbs(work: Path) -> None:
     """create / start / state / kill / delete on one no-GPU bundle (`sleep` as the process)."""
     bundle = fixtures.bundle(work / "verbs", fixtures.rootfs("debian"), ["sleep", "60"])
     runtimes = {"runc": [engines.RUNC, "--root", str(work / "runc-state")],
-                "sandbox": [engines.SANDBOX, "--root", str(work / "sandbox-state")]}
+                "sandbox": [engines.SANDBOX, "--root", str(work / "sandbox-state")],
+                "sandbox+server": [engines.SANDBOX, "--root", str(work / "served-state")]}
+    server = engines.WarmServer(work / "verbs-server")
     verbs = ("create", "start", "state", "kill", "delete")
-    times = {(r, v): [] for r in runtimes for v in verbs}
-    for i in range(N + 1):
+    times: dict[tuple[str, str], list[float]] = {(r, v): [] for r in runtimes for v in verbs}
+
+    def run_round(i: int) -> None:
         for r, base in runtimes.items():
             time.sleep(COOL)
             cid = f"v{i}"
             steps = {"create": [*base, "create", "--bundle", str(bundle), cid], "start": [*base, "start", cid],
                      "state": [*base, "state", cid], "kill": [*base, "kill", cid, "KILL"],
                      "delete": [*base, "delete", "--force", cid]}
+            env = dict(os.environ, SANDBOX_SERVER=str(server.path) if r == "sandbox+server" else "")
             for v in verbs:
-                dt = timed(steps[v], stdin=subprocess.DEVNULL)
+                dt = timed(steps[v], stdin=subprocess.DEVNULL, env=env)
                 if i:
                     times[(r, v)].append(dt)
+    with server:
+        for i in range(N + 1):
+            run_round(i)
+        if server.served() < 4 * (N + 1):
+            raise SystemExit(f"the warm server served {server.served()} verbs, not {4 * (N + 1)}: {server.log}")
     for v in verbs:
-        ours, theirs = statistics.median(times[("sandbox", v)]), statistics.median(times[("runc", v)])
-        print(f"  {v:<7} sandbox {ours:6.1f} ms   runc {theirs:6.1f} ms   {ours - theirs:+6.1f} ms")
+        med = {r: statistics.median(times[(r, v)]) for r in runtimes}
+        print(f"  {v:<7} sandbox {med['sandbox']:6.1f} ms   with server {med['sandbox+server']:6.1f} ms   "
+              f"runc {med['runc']:6.1f} ms   {med['sandbox'] - med['runc']:+6.1f} / "
+              f"{med['sandbox+server'] - med['runc']:+6.1f} ms")
 
 
 def main() -> int:
@@ -102,9 +116,21 @@ def main() -> int:
         work = Path(tmp)
         print(f"runtime verbs alone (median of {N}):")
         bench_verbs(work)
-        print(f"\n`run --rm IMAGE true` through each engine (median of {N}, interleaved):")
-        for name in names:
-            bench_engine(name, work)
+        served = os.environ.get("BENCH_SERVER") == "1"
+        print(f"\n`run --rm IMAGE true` through each engine (median of {N}, interleaved"
+              f"{'; sandbox with its warm server' if served else ''}):")
+        server = engines.WarmServer(work / "engine-server")
+        if served:
+            server.__enter__()
+            os.environ["SANDBOX_SERVER"] = str(server.path)
+        try:
+            for name in names:
+                bench_engine(name, work)
+        finally:
+            if served:
+                os.environ.pop("SANDBOX_SERVER")
+                print(f"(the warm server served {server.served()} verbs)")
+                server.__exit__()
     return 0
 
 

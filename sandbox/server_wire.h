@@ -1,0 +1,77 @@
+/* The client's half of the warm server's wire (sandbox/hook_server.py), shared by the hook's
+ * client (hook_client.c) and the `sandbox` launcher (launcher.c): one JSON object per
+ * SOCK_SEQPACKET message each way, written and read here without a JSON library. */
+#ifndef SANDBOX_SERVER_WIRE_H
+#define SANDBOX_SERVER_WIRE_H
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_REQUEST (1 << 20) /* hook_server.MAX_REQUEST */
+#define DEFAULT_SOCKET "/run/gpu-sandbox/hook.sock"
+
+struct buf { char *p; size_t n, cap; };
+
+static int put_max(struct buf *b, const char *s, size_t n, size_t max) {
+    if (n > max || b->n > max - n) return -1;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + n) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return -1;
+        b->p = p, b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    return 0;
+}
+
+static int put(struct buf *b, const char *s, size_t n) { return put_max(b, s, n, MAX_REQUEST); }
+
+/* UTF-8 as Python's strict decoder takes it (the server decodes the request so), no NUL:
+ * no overlong forms, no surrogates, nothing past U+10FFFF. */
+static int utf8(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned char c = s[i];
+        size_t k = c < 0x80 ? 0 : c >= 0xc2 && c <= 0xdf ? 1 : (c & 0xf0) == 0xe0 ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 9;
+        if (c == 0 || k == 9 || (k && i + k >= n)) return 0;
+        for (size_t j = 1; j <= k; j++)
+            if ((s[i + j] & 0xc0) != 0x80) return 0;
+        unsigned char d = k ? s[i + 1] : 0;
+        if ((c == 0xe0 && d < 0xa0) || (c == 0xed && d > 0x9f) || (c == 0xf0 && d < 0x90) || (c == 0xf4 && d > 0x8f))
+            return 0;
+        i += k + 1;
+    }
+    return 1;
+}
+
+static int json_string(struct buf *b, const char *s, size_t n) {
+    char esc[8];
+    if (put(b, "\"", 1)) return -1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            esc[0] = '\\', esc[1] = (char)c;
+            if (put(b, esc, 2)) return -1;
+        } else if (c < 0x20) {
+            snprintf(esc, sizeof esc, "\\u%04x", c);
+            if (put(b, esc, 6)) return -1;
+        } else if (put(b, (const char *)&s[i], 1)) {
+            return -1;
+        }
+    }
+    return put(b, "\"", 1);
+}
+
+/* The value of "key" in the server's flat reply: an int, or a string (escapes undone). */
+static const char *field(const char *reply, const char *key) {
+    char pat[32];
+    snprintf(pat, sizeof pat, "\"%s\"", key);
+    const char *p = strstr(reply, pat);
+    if (!p) return NULL;
+    p += strlen(pat);
+    while (*p == ' ' || *p == ':') p++;
+    return p;
+}
+
+#endif

@@ -1,0 +1,196 @@
+"""The verbs that start no process (state, kill, delete, start, list, ps, ...) served whole by
+the warm server (`sandbox serve`) through the `sandbox` launcher: the same output, errors and
+exit codes as when the verb runs in the launcher's own Python, with the caller's stdio, cwd and
+umask; and where the server is of no use (killed, another mount namespace) the verb still runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import alive
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+LAUNCHER = Path(__file__).resolve().parents[2] / ".venv/bin/sandbox"
+
+
+@pytest.fixture
+def server(tmp_path):
+    """`sandbox serve` on a socket of the test's own; yields (socket, its log, the process)."""
+    if not LAUNCHER.is_file() or LAUNCHER.read_bytes()[:4] != b"\x7fELF":
+        pytest.skip("the C launcher is not built (scripts/setup builds it)")
+    path = tmp_path / "run" / "server.sock"
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(LAUNCHER), "serve", "--server", str(path)], stdout=out, stderr=out,
+                                stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not path.exists() and time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.02)
+    yield path, log, proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+def verb(server_path, *args, cwd=None, umask=None) -> subprocess.CompletedProcess:
+    """The launcher with the verb: served where server_path is a server's socket, run in
+    the launcher's own Python where it is ""."""
+    env = dict(os.environ, SANDBOX_SERVER=str(server_path))
+    return subprocess.run([str(LAUNCHER), *map(str, args)], capture_output=True, text=True, timeout=60,
+                          env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                          preexec_fn=(lambda: os.umask(umask)) if umask is not None else None)
+
+
+def served_lines(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if line.startswith("sandbox serve: ") and ": exit " in line]
+
+
+def test_verbs_are_served_as_they_run_here(server, make_bundle, tmp_path):
+    path, log, _ = server
+    root = tmp_path / "state"
+    bundle = make_bundle(["sleep", "100"])
+    with open(tmp_path / "create.out", "w") as out:
+        r = subprocess.run([str(LAUNCHER), "--root", str(root), "create", "-b", str(bundle), "c1"],
+                           stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=60,
+                           env=dict(os.environ, SANDBOX_SERVER=str(path)))
+    assert r.returncode == 0, (tmp_path / "create.out").read_text()
+    assert served_lines(log) == [], "create is never served: its init must descend from the caller"
+
+    for args in (["state", "c1"], ["list"], ["list", "--format", "json"], ["ps", "c1"], ["state", "--help"],
+                 ["state", "nope"], ["state"], ["kill", "nope", "KILL"]):
+        here, warm = verb("", "--root", root, *args), verb(path, "--root", root, *args)
+        assert (warm.returncode, warm.stdout, warm.stderr) == (here.returncode, here.stdout, here.stderr), args
+    assert len(served_lines(log)) == 8, log.read_text()
+    assert json.loads(verb(path, "--root", root, "state", "c1").stdout)["status"] == "created"
+
+    pid = json.loads(verb(path, "--root", root, "state", "c1").stdout)["pid"]
+    r = verb(path, "--root", root, "start", "c1")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(verb(path, "--root", root, "state", "c1").stdout)["status"] == "running"
+    r = verb(path, "--root", root, "kill", "c1", "KILL")
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not alive(pid)
+    r = verb(path, "--root", root, "delete", "c1")
+    assert r.returncode == 0, r.stderr
+    assert not (root / "c1").exists()
+    assert [line.split(f"{root} ")[1].split(":")[0] for line in served_lines(log)[-5:]] == \
+        ["state c1", "start c1", "state c1", "kill c1 KILL", "delete c1"], log.read_text()
+
+
+def test_the_callers_cwd_and_umask(server, tmp_path):
+    """A relative --root and --log are the caller's cwd's, the log file gets the caller's umask."""
+    path, log, _ = server
+    work = tmp_path / "work"
+    work.mkdir()
+    r = verb(path, "--root", "rel-state", "--log", "errors.log", "state", "nope", cwd=work, umask=0o077)
+    assert r.returncode == 1 and r.stderr.strip() == \
+        "sandbox state: container 'nope' does not exist (under rel-state)", r.stderr
+    assert "container 'nope' does not exist" in (work / "errors.log").read_text()
+    assert oct((work / "errors.log").stat().st_mode & 0o777) == "0o600"
+    assert len(served_lines(log)) == 1, log.read_text()
+
+
+def test_without_a_server_the_verb_runs_here(server, tmp_path):
+    """A killed server leaves its socket, which refuses: the verb runs in the launcher's Python."""
+    path, log, proc = server
+    proc.kill()
+    proc.wait(timeout=10)
+    assert path.exists()
+    r = verb(path, "--root", tmp_path / "state", "list", "--format", "json")
+    assert (r.returncode, r.stdout.strip()) == (0, "[]"), r.stderr
+    r = verb(path, "--root", tmp_path / "state", "state", "nope")
+    assert r.returncode == 1 and "does not exist" in r.stderr
+
+
+def test_another_mount_namespace_is_not_served(server, tmp_path):
+    """The server declines a caller whose paths may name other files (another mount namespace):
+    the launcher then runs the verb itself, in its own namespace."""
+    path, log, _ = server
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", str(LAUNCHER), "--root",
+                        str(tmp_path / "state"), "list", "--format", "json"], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, SANDBOX_SERVER=str(path)))
+    assert (r.returncode, r.stdout.strip()) == (0, "[]"), r.stderr
+    assert served_lines(log) == [], log.read_text()
+
+
+def stand_in(tmp_path, answer: bytes | None):
+    """A root server of one connection that reads the request, sends ``answer`` (if any)
+    and hangs up; returns its socket path and thread."""
+    import socket
+    import threading
+
+    path = tmp_path / "stand-in.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn, listener:
+            _data, ancillary, _, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(12))
+            for _level, _kind, fds in ancillary:  # the launcher's stdio: held, its pipes never end
+                for i in range(0, len(fds), 4):
+                    os.close(int.from_bytes(fds[i:i + 4], "little"))
+            if answer is not None:
+                conn.send(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return path, thread
+
+
+@pytest.mark.parametrize("answer", [None, b'{"fallback": "busy"}'])
+def test_a_verb_the_server_never_took_up_runs_here(tmp_path, answer):
+    if not LAUNCHER.is_file():
+        pytest.skip("the launcher is not built")
+    path, thread = stand_in(tmp_path, answer)
+    r = verb(path, "--root", tmp_path / "state", "list", "--format", "json")
+    thread.join(10)
+    assert (r.returncode, r.stdout.strip(), r.stderr) == (0, "[]", "")
+
+
+def test_a_server_that_dies_mid_verb_is_an_error(tmp_path):
+    """Taken up ({"running"}), a verb is never run twice: the launcher says the server died."""
+    if not LAUNCHER.is_file():
+        pytest.skip("the launcher is not built")
+    path, thread = stand_in(tmp_path, b'{"running": true}')
+    r = verb(path, "--root", tmp_path / "state", "list", "--format", "json")
+    thread.join(10)
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == f"sandbox: the server at {path} died before it answered\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/systemd-socket-activate"), reason="no systemd-socket-activate")
+def test_socket_activated(tmp_path, make_bundle):
+    """As the installed gpu-sandbox.socket starts it: systemd listens, the first verb's
+    connection starts `sandbox serve` with the socket as fd 3 (LISTEN_FDS), and it is served."""
+    if not LAUNCHER.is_file():
+        pytest.skip("the launcher is not built")
+    path, log = tmp_path / "activated.sock", tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(["systemd-socket-activate", "--seqpacket", "-l", str(path), str(LAUNCHER), "serve"],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 10
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for _ in range(2):  # the first starts the server, the second finds it warm
+            r = verb(path, "--root", tmp_path / "state", "list", "--format", "json")
+            assert (r.returncode, r.stdout.strip()) == (0, "[]"), r.stderr
+        assert len(served_lines(log)) == 2, log.read_text()
+        assert f"listening on {path}" in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
