@@ -8,7 +8,9 @@ the interpreter from a read-only view of itself (CVE-2019-5736, see there), and 
 server run the verbs that start no process (SERVED, sandbox/hook_server.py). Without a C
 compiler it is a ``#!`` script, and sandbox/sealed.py seals the verbs that need it.
 
-    python -m sandbox.launcher PATH     writes the launcher to PATH
+    python -m sandbox.launcher PATH [--strip DESTDIR]
+                                        writes the launcher to PATH (naming the interpreter and
+                                        the import paths without DESTDIR: a staged install's)
 """
 
 from __future__ import annotations
@@ -32,9 +34,13 @@ def import_paths() -> list[str]:
     return list(dict.fromkeys([deps, here]))
 
 
-def entry_code() -> str:
+def entry_code(strip: str = "") -> str:
     """The program, for ``python -I -S -c``."""
-    return f"import sys; sys.path[:0] = {import_paths()!r}; {MAIN}"
+    return f"import sys; sys.path[:0] = {[_unstaged(p, strip) for p in import_paths()]!r}; {MAIN}"
+
+
+def _unstaged(path: str, strip: str) -> str:
+    return path[len(strip):] if strip and path.startswith(strip + "/") else path
 
 
 def c_string(text: str) -> str:
@@ -46,7 +52,7 @@ def c_string(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def write_launcher(path: str) -> None:
+def write_launcher(path: str, strip: str = "") -> None:
     import shutil
     import subprocess
     import tempfile
@@ -58,15 +64,16 @@ def write_launcher(path: str) -> None:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         with open(tmp, "w") as f:
-            f.write(f"#!{sys.executable} -IS\nimport sys\nsys.path[:0] = {import_paths()!r}\n{MAIN}\n")
+            f.write(f"#!{_unstaged(sys.executable, strip)} -IS\nimport sys\n"
+                    f"sys.path[:0] = {[_unstaged(p, strip) for p in import_paths()]!r}\n{MAIN}\n")
         os.chmod(tmp, 0o755)
     else:
         source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.c")
         with tempfile.TemporaryDirectory() as d:
             config = os.path.join(d, "config.h")
             with open(config, "w") as f:
-                f.write(f"#define SANDBOX_PYTHON {c_string(sys.executable)}\n"
-                        f"#define SANDBOX_CODE {c_string(entry_code())}\n"
+                f.write(f"#define SANDBOX_PYTHON {c_string(_unstaged(sys.executable, strip))}\n"
+                        f"#define SANDBOX_CODE {c_string(entry_code(strip))}\n"
                         f"#define SANDBOX_SERVED {', '.join(map(c_string, SERVED))}\n"
                         f"#define SANDBOX_GLOBAL_VALUES {', '.join(map(c_string, GLOBAL_VALUES))}\n")
             subprocess.run([cc, "-O2", "-Wall", "-Werror", f'-DSANDBOX_CONFIG="{config}"', "-o", tmp, source],
@@ -75,4 +82,4 @@ def write_launcher(path: str) -> None:
 
 
 if __name__ == "__main__":
-    write_launcher(sys.argv[1])
+    write_launcher(sys.argv[1], sys.argv[3] if sys.argv[2:3] == ["--strip"] else "")

@@ -270,7 +270,9 @@ class Containerd(Engine):
 class Docker(Engine):
     name = "docker"
 
-    def start(self, image: Path) -> None:
+    def start(self, image: Path, edit=None, env: dict | None = None) -> None:
+        """``edit(path)``: a last change to daemon.json before dockerd reads it; ``env``: dockerd's
+        (its containerd's, shims' and so the runtime's)."""
         b = self.base
         self.host_paths = ({p: os.path.exists(p) for p in ("/var/run/docker", "/run/containerd")}
                            | ({} if self.systemd else _cgroup_parents("docker")))
@@ -282,9 +284,11 @@ class Docker(Engine):
         if self.systemd:  # (its containers: system.slice's docker-ID.scope)
             config["exec-opts"] = ["native.cgroupdriver=systemd"]
         (b / "daemon.json").write_text(json.dumps(config))
+        if edit is not None:
+            edit(b / "daemon.json")
         self._daemon(["dockerd", "--config-file", str(b / "daemon.json"), "--data-root", str(b / "data"),
                       "--exec-root", str(b / "exec"), "--pidfile", str(b / "dockerd.pid"),
-                      "-H", f"unix://{b}/docker.sock"], "dockerd.log", 60)
+                      "-H", f"unix://{b}/docker.sock"], "dockerd.log", 60, env)
         r = self.cli("load", "-i", str(image))
         assert r.returncode == 0, r.stderr
         # docker keeps its own runc root; ours is the one under exec-root it passes as --root

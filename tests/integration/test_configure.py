@@ -11,7 +11,7 @@ import sys
 
 import fixtures
 import pytest
-from engines import IMAGE, Podman
+from engines import IMAGE, Docker, Podman
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -89,3 +89,31 @@ def test_podman_runs_a_gpu_container_with_sandbox_as_its_default(tmp_path_factor
         assert info.stdout.strip() == SANDBOX, info.stderr
     finally:
         eng.stop()
+
+
+def test_docker_runs_a_gpu_container_with_sandbox_as_its_default(tmp_path_factory, driver_root):
+    """daemon.json with the engine's own settings and no runtimes; configure --default adds
+    ours; dockerd reads it and runs a GPU container with it (the driver root from our config
+    file, which dockerd's environment names)."""
+    if shutil.which("dockerd") is None:
+        pytest.skip("dockerd is not installed")
+    tmp_path = tmp_path_factory.mktemp("dcfg")
+    ours = tmp_path / "sandbox.toml"
+    ours.write_text(f'driver-root = "{driver_root}"\n')
+
+    def edit(path):
+        config = json.loads(path.read_text())
+        del config["runtimes"]
+        path.write_text(json.dumps(config))
+        r = configure("docker", "--config", str(path), "--default")
+        assert r.returncode == 0 and "restart" in r.stdout, r.stderr
+
+    eng = Docker(tmp_path / "d", driver_root)
+    try:
+        eng.start(fixtures.image_archive(), edit=edit, env={**os.environ, "SANDBOX_CONFIG": str(ours)})
+        assert eng.cli("info", "--format", "{{.DefaultRuntime}}").stdout.strip() == "sandbox"
+        r = eng.cli("run", "--rm", "--network", "none", "-e", "NVIDIA_VISIBLE_DEVICES=all", IMAGE, "ls", "/dev/nvidia0")
+        assert r.returncode == 0 and r.stdout.strip() == "/dev/nvidia0", r.stderr
+    finally:
+        if getattr(eng, "proc", None) is not None:
+            eng.stop()
