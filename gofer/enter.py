@@ -42,17 +42,14 @@ NAMESPACES = (("user", sc.CLONE_NEWUSER), ("ipc", sc.CLONE_NEWIPC), ("uts", sc.C
               ("pid", sc.CLONE_NEWPID), ("cgroup", sc.CLONE_NEWCGROUP), ("mnt", sc.CLONE_NEWNS))
 
 
-def spawn(init: int, proc: Process, console: socket.socket | None = None, preserve_fds: int = 0,
-          detach: bool = False, seccomp: Seccomp | None = None, cgroups: list[str] | tuple[str, ...] = (),
-          start_time: int | None = None, personality: Personality | None = None) -> int:
-    """Start ``proc`` in the namespaces of ``init``; returns its pid (as the host sees it)
-    once it has exec'd. Raises a one-line SandboxError if it could not."""
+def open_namespaces(init: int, start_time: int | None = None) -> list[tuple[int, int, str]]:
+    """(fd, CLONE_NEW*, name) of every namespace of ``init`` that is not ours, in joining
+    order. Everything through one fd of /proc/<init>: should the pid be reused meanwhile,
+    reads through it fail instead of reaching another process. The start time is checked
+    through it after the namespaces are open, and a container always has a mount namespace
+    of its own: one equal to ours is not our container's init."""
     fds = []
     try:
-        # Everything through one fd of /proc/<init>: should the pid be reused meanwhile, reads
-        # through it fail instead of reaching another process. The start time is checked
-        # through it after the namespaces are open, and a container always has a mount
-        # namespace of its own: one equal to ours is not our container's init.
         pdir = os.open(f"/proc/{init}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for name, flag in NAMESPACES:
@@ -70,6 +67,31 @@ def spawn(init: int, proc: Process, console: socket.socket | None = None, preser
         if isinstance(e, SandboxError):
             raise
         raise SandboxError(f"pid {init}: cannot open its namespaces: {e.strerror}") from None
+    return fds
+
+
+def parse_report(report: str) -> tuple[int | None, SandboxError | None]:
+    """The child's report ("pid N", then nothing or "err CODE MESSAGE"; sandbox/frontend.c
+    writes the same): G's pid, and the error that kept it from exec'ing."""
+    pid = None
+    for line in report.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "pid":
+            pid = int(rest)
+        elif word == "err":
+            code, _, message = rest.partition(" ")
+            return pid, SandboxError(message, code=int(code))
+    if pid is None:
+        return None, SandboxError("the process could not be started in the container's namespaces")
+    return pid, None
+
+
+def spawn(init: int, proc: Process, console: socket.socket | None = None, preserve_fds: int = 0,
+          detach: bool = False, seccomp: Seccomp | None = None, cgroups: list[str] | tuple[str, ...] = (),
+          start_time: int | None = None, personality: Personality | None = None) -> int:
+    """Start ``proc`` in the namespaces of ``init``; returns its pid (as the host sees it)
+    once it has exec'd. Raises a one-line SandboxError if it could not."""
+    fds = open_namespaces(init, start_time)
     if not detach:
         prctl.set_child_subreaper(1)  # G becomes ours when C exits
     r, w = os.pipe2(os.O_CLOEXEC)
@@ -85,21 +107,15 @@ def spawn(init: int, proc: Process, console: socket.socket | None = None, preser
     with os.fdopen(r, "rb") as f:
         report = f.read()
     os.waitpid(child, 0)
-    pid = None
-    for line in report.decode(errors="replace").splitlines():
-        word, _, rest = line.partition(" ")
-        if word == "pid":
-            pid = int(rest)
-        elif word == "err":
-            code, _, message = rest.partition(" ")
-            if pid is not None:
-                try:
-                    os.waitpid(pid, 0)
-                except ChildProcessError:
-                    pass
-            raise SandboxError(message, code=int(code))
-    if pid is None:
-        raise SandboxError("the process could not be started in the container's namespaces")
+    pid, error = parse_report(report.decode(errors="replace"))
+    if error is not None:
+        if pid is not None:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        raise error
+    assert pid is not None
     return pid
 
 

@@ -278,23 +278,26 @@ class Entry(NamedTuple):
     home: str
 
 
-def look_up(proc: Process) -> Entry:
+def look_up(proc: Process, enter: bool = True) -> Entry:
     """Resolve process.cwd inside the root without magic links (CVE-2024-21626) and enter
     it by fd now, as root, as runc does first: a cwd the user may not search (a 0700 /root)
     is still the process's. Only where root is refused (a cwd the container's user owns on
-    a root-squashing mount) does the user try, once it is the user."""
+    a root-squashing mount) does the user try, once it is the user. ``enter=False`` leaves
+    the cwd's fd unentered (the exec front end enters it: sandbox/frontend.c)."""
     cwd: int | None  # None once we are in it (Entry.cwd)
     try:
         cwd = _in_root(proc.cwd, os.O_PATH | os.O_DIRECTORY)
     except OSError as e:
         raise ProcessError(f"process.cwd {proc.cwd}: {e.strerror}") from None
     try:
-        os.fchdir(cwd)
+        if enter:
+            os.fchdir(cwd)
     except PermissionError:
         pass
     else:
-        os.close(cwd)
-        cwd = None
+        if enter:
+            os.close(cwd)
+            cwd = None
     env = dict(item.partition("=")[::2] for item in proc.env)
     return Entry(cwd, env["HOME"] if "HOME" in env else home_of(proc.user.uid))
 

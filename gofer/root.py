@@ -70,10 +70,6 @@ def _is_plain(dirfd: int, name: str) -> bool:
         return False
 
 
-# Module-level switch so tests can exercise the fallback (mount(2) + remount) path too.
-USE_MOUNT_API = True
-
-
 class _DirCache(dict[str, int]):
     """Directory fds by their path ("a/b"), with the paths kept sorted too: those at or below
     one path (what a new mount hides) are found by bisection, not by a scan of all (10,000
@@ -405,28 +401,17 @@ class Root:
         parent, target, name, created = self.ensure_node(unsafe_path, is_dir)
         try:
             self.not_the_root(target, unsafe_path)
-            if USE_MOUNT_API or detached:
-                tree = source_fd if detached else sc.open_tree(
-                    source_fd, "", sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_EMPTY_PATH
-                    | (sc.AT_RECURSIVE if recursive else 0), what=unsafe_path)
-                try:
-                    attrs = sum(ATTRS[f] for f in flags if f in ATTRS)
-                    if attrs:
-                        sc.mount_setattr(tree, attrs, recursive, what=unsafe_path)
-                    sc.move_mount(tree, target, what=f"onto {unsafe_path}")
-                finally:
-                    if not detached:  # (the caller's fd)
-                        os.close(tree)
-            else:
-                sc.mount(sc.fdpath(source_fd), sc.fdpath(target), None,
-                         sc.MS_BIND | (sc.MS_REC if recursive else 0))
-                # the fd still names the mount point underneath: reopen to reach the new mount
-                top = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
-                try:
-                    ms = sum(MS[f] for f in flags if f in MS)
-                    sc.mount(None, sc.fdpath(top), None, sc.MS_BIND | sc.MS_REMOUNT | ms)
-                finally:
-                    os.close(top)
+            tree = source_fd if detached else sc.open_tree(
+                source_fd, "", sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_EMPTY_PATH
+                | (sc.AT_RECURSIVE if recursive else 0), what=unsafe_path)
+            try:
+                attrs = sum(ATTRS[f] for f in flags if f in ATTRS)
+                if attrs:
+                    sc.mount_setattr(tree, attrs, recursive, what=unsafe_path)
+                sc.move_mount(tree, target, what=f"onto {unsafe_path}")
+            finally:
+                if not detached:  # (the caller's fd)
+                    os.close(tree)
         except OSError as e:
             if created:
                 (os.rmdir if is_dir else os.unlink)(name, dir_fd=parent)

@@ -1,7 +1,9 @@
-"""The raw Linux syscalls the gofer needs. The only module that imports ctypes.
+"""The raw Linux syscalls the gofer needs: one of the two modules that import ctypes (the
+other is mounts/nvml.py, NVML in a forked child).
 
-Every call declares argtypes/restype, retries EINTR, and raises ``SyscallError`` naming the
-operation and the path; mount errors print their flags as names (MS_BIND|MS_RDONLY), as
+Every call declares argtypes/restype, retries EINTR where the kernel may return it (mounts,
+namespaces, opens, bpf; not capset, prctl, personality, ioprio_set or sched_setattr, which
+never block), and raises ``SyscallError`` naming the operation and the path; mount errors print their flags as names (MS_BIND|MS_RDONLY), as
 runc's mount errors do. x86-64 and aarch64 syscall numbers for the calls glibc 2.36 lacks
 wrappers for (openat2, pivot_root, open_tree, move_mount, fsopen, fsconfig, fsmount,
 mount_setattr).
@@ -561,6 +563,7 @@ class Seccomp:
             lib.seccomp_attr_set.restype = ctypes.c_int
             lib.seccomp_load.argtypes, lib.seccomp_load.restype = [ctypes.c_void_p], ctypes.c_int
             lib.seccomp_notify_fd.argtypes, lib.seccomp_notify_fd.restype = [ctypes.c_void_p], ctypes.c_int
+            lib.seccomp_export_bpf.argtypes, lib.seccomp_export_bpf.restype = [ctypes.c_void_p, ctypes.c_int], ctypes.c_int
             cls._lib = lib
         return cls._lib
 
@@ -601,6 +604,20 @@ class Seccomp:
     def load(self) -> None:
         """Install the filter on this thread (needs no_new_privs or CAP_SYS_ADMIN)."""
         self._check(self._l.seccomp_load(self.ctx), "seccomp_load", "the container's filter")
+
+    def export_bpf(self) -> bytes:
+        """The filter as the kernel takes it (struct sock_filter[]), for a process that loads
+        it itself (the exec front end, sandbox/frontend.c)."""
+        fd = os.memfd_create("seccomp-export", os.MFD_CLOEXEC)
+        try:
+            self._check(self._l.seccomp_export_bpf(self.ctx, fd), "seccomp_export_bpf", "the container's filter")
+            os.lseek(fd, 0, os.SEEK_SET)
+            chunks = []
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
 
     def notify_fd(self) -> int:
         """The user-notification fd of the loaded filter (one with SCMP_ACT_NOTIFY rules)."""

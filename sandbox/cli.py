@@ -496,11 +496,13 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, frontend=None) -> int:
+    """``frontend``: the warm server's exec front end (sandbox/exec_frontend.py), for exec
+    in the server's child: sealed already, and no thread of ours (it enters namespaces)."""
     argv = sys.argv[1:] if argv is None else argv
     gofer = None
     verb = verb_of(argv)
-    if verb in ("run", "create", "exec"):
+    if verb in ("run", "create", "exec") and frontend is None:
         from sandbox import sealed
 
         if not sealed.sealed():
@@ -517,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         if code is not None:
             return code
     warm = None
-    if verb == "exec":  # the child's first cgroup.procs write finds the kernel's lock warm (sandbox/fork.py)
+    if verb == "exec" and frontend is None:  # the child's first cgroup.procs write finds the kernel's lock warm (sandbox/fork.py)
         from sandbox.fork import warm_cgroup_lock
 
         warm = warm_cgroup_lock()
@@ -529,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     _ARGV[:] = argv
     args = hook_args(argv) or lean_args(argv) or parser().parse_args(argv)
     args.warm = warm
+    args.frontend = frontend
     from mounts.errors import SandboxError
 
     try:

@@ -36,8 +36,11 @@ def main(args) -> int:
         from gofer.process import connect_console
 
         console = connect_console(args.console_socket)
-    from gofer.enter import spawn
-
+    frontend = getattr(args, "frontend", None)  # the warm server's: the launcher forks (sandbox/exec_frontend.py)
+    if frontend is not None:
+        spawn = frontend.spawn
+    else:
+        from gofer.enter import spawn
     if getattr(args, "warm", None) is not None:
         from sandbox.fork import stop_warming
 
@@ -48,7 +51,7 @@ def main(args) -> int:
         from sandbox.launch import write_pid_file
 
         write_pid_file(args.pid_file, pid)
-    if args.detach:
+    if args.detach or frontend is not None:  # (the launcher waits for its own child)
         return 0
     return _wait(pid)
 

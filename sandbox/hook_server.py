@@ -307,9 +307,9 @@ def _run_verb(conn, request: dict, fds: list[int]) -> int:
     from sandbox.jsonlite import dumps
 
     t = time.monotonic()
-    argv, cwd, umask, env = request.get("verb"), request.get("cwd"), request.get("umask"), request.get("env")
-    if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv) and cli.verb_of(argv) in SERVED
-            and isinstance(cwd, str) and isinstance(umask, int) and 0 <= umask <= 0o777 and isinstance(env, list)
+    argv, cwd, umask, env = request.get("verb") or [], request.get("cwd"), request.get("umask"), request.get("env")
+    verb = cli.verb_of(argv) if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
+    if not ((verb in SERVED or verb == "exec") and isinstance(cwd, str) and isinstance(umask, int) and 0 <= umask <= 0o777 and isinstance(env, list)
             and all(isinstance(e, str) and "=" in e for e in env) and len(fds) == 3):
         _decline(conn, "a request the launcher does not send", read=False)
         return 0
@@ -327,11 +327,28 @@ def _run_verb(conn, request: dict, fds: list[int]) -> int:
     os.environ.update(e.split("=", 1) for e in env)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    conn.sendall(b'{"running": true}')  # from here on the verb is ours: died, the launcher may not redo it
+    frontend = None
+    if verb == "exec":
+        # exec answers with a plan (or an error's code) for the launcher to carry out
+        from sandbox.exec_frontend import Decline, Frontend
+
+        lean = cli.lean_args(argv)
+        if lean is None or lean.tty or lean.console_socket:  # (before exec_cmd connects to a console socket)
+            _decline(conn, "a terminal, or a command line for argparse", read=False)
+            return 0
+        frontend = Frontend(conn)
+    else:
+        conn.sendall(b'{"running": true}')  # from here on the verb is ours: died, the launcher may not redo it
     try:
-        code = cli.main(argv)
+        code = cli.main(argv, frontend)
     except SystemExit as e:  # argparse: an error (2) or --help (0)
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception as e:
+        if frontend is None or not isinstance(e, Decline) or frontend.planned:
+            raise
+        _decline(conn, str(e), read=False)
+        os.write(log, f"sandbox serve: exec declined: {e}\n".encode())
+        return 0
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

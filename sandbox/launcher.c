@@ -37,13 +37,14 @@
 #include <limits.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include SANDBOX_CONFIG
-#include "server_wire.h"
+#include "frontend.h"
 
 extern char **environ;
 
@@ -72,10 +73,15 @@ static int json_strings(struct buf *b, char **v, int n) {
     return 0;
 }
 
-/* The verb run by the warm server's child: its exit code, or -1 where the server is of no use. */
-static int served(int argc, char **argv) {
+static const char *server_path(void) {
     const char *path = getenv("SANDBOX_SERVER");
-    path = path ? path : DEFAULT_SOCKET;
+    return path ? path : DEFAULT_SOCKET;
+}
+
+/* The request (command line, cwd, umask, environment; stdio as SCM_RIGHTS) sent to the warm
+ * server: its connection, or -1 where there is none to use. */
+static int send_request(int argc, char **argv) {
+    const char *path = server_path();
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (*path == '\0' || strlen(path) >= sizeof addr.sun_path) return -1;
     strcpy(addr.sun_path, path);
@@ -117,6 +123,13 @@ static int served(int argc, char **argv) {
         return -1;
     }
     free(req.p);
+    return s;
+}
+
+/* The verb run by the warm server's child: its exit code, or -1 where the server is of no use. */
+static int served(int argc, char **argv) {
+    int s = send_request(argc, argv);
+    if (s < 0) return -1;
     char reply[4096];
     ssize_t r;
     int running = 0;
@@ -130,7 +143,7 @@ static int served(int argc, char **argv) {
     close(s);
     if (r <= 0 && !running) return -1; /* never taken up (a server stopping, a failed socket unit): here */
     if (r <= 0) {
-        fprintf(stderr, "sandbox: the server at %s died before it answered\n", path);
+        fprintf(stderr, "sandbox: the server at %s died before it answered\n", server_path());
         return 1;
     }
     reply[r] = '\0';
@@ -139,10 +152,71 @@ static int served(int argc, char **argv) {
     char *end = NULL;
     long v = code ? strtol(code, &end, 10) : 0;
     if (!code || end == code) {
-        fprintf(stderr, "sandbox: the server at %s gave no exit code\n", path);
+        fprintf(stderr, "sandbox: the server at %s gave no exit code\n", server_path());
         return 1;
     }
     return (int)(v & 0xff);
+}
+
+#define PLAN_FDS 64
+
+/* exec, planned by the server and carried out here (frontend.c): its exit code, or -1 where
+ * the server is of no use (nothing has happened yet: Python's exec runs). */
+static int served_exec(int argc, char **argv) {
+    int s = send_request(argc, argv);
+    if (s < 0) return -1;
+    size_t cap = MAX_REQUEST;
+    char *buf = malloc(cap + 1);
+    union { char buf[CMSG_SPACE(PLAN_FDS * sizeof(int))]; struct cmsghdr align; } control;
+    struct iovec iov = {.iov_base = buf, .iov_len = cap};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    ssize_t r = -1;
+    if (buf != NULL)
+        do r = recvmsg(s, &msg, MSG_CMSG_CLOEXEC); while (r < 0 && errno == EINTR);
+    int fds[PLAN_FDS], nfds = 0;
+    for (struct cmsghdr *c = r > 0 ? CMSG_FIRSTHDR(&msg) : NULL; c; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < k && nfds < PLAN_FDS; i++) memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        }
+    if (r <= 0 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        close(s);
+        free(buf);
+        return -1; /* never taken up, or a plan too big for us: Python's exec */
+    }
+    buf[r] = '\0';
+    if (strncmp(buf, "plan", 4) != 0) { /* {"fallback"}, or {"code"}: the error already printed */
+        close(s);
+        int code = field(buf, "fallback") ? -1 : (field(buf, "code") ? atoi(field(buf, "code")) & 0xff : 1);
+        free(buf);
+        return code;
+    }
+    return frontend_exec(s, buf, (size_t)r, fds, nfds);
+}
+
+/* Whether this very program runs from a read-only mount (a sealed view of itself). */
+static int sealed(void) {
+    struct statvfs st;
+    return statvfs("/proc/self/exe", &st) == 0 && (st.f_flag & ST_RDONLY);
+}
+
+/* This program again, from a detached read-only bind of itself (as the interpreter below):
+ * the exec front end joins the container before it execs, and must not be a host file the
+ * container could write. Returns only where the kernel refuses. */
+static void seal(char **argv) {
+    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, "/proc/self/exe", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (fd < 0) return;
+    struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
+    if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) == 0)
+        syscall(SYS_execveat, fd, "", argv, environ, AT_EMPTY_PATH);
+    close(fd);
+}
+
+static int server_listens(void) {
+    struct stat st;
+    return stat(server_path(), &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
 int main(int argc, char **argv)
@@ -152,6 +226,15 @@ int main(int argc, char **argv)
         int code = served(argc, argv);
         if (code >= 0)
             return code;
+    }
+    if (verb && strcmp(verb, "exec") == 0 && server_listens()) {
+        if (!sealed())
+            seal(argv);
+        if (sealed()) {
+            int code = served_exec(argc, argv);
+            if (code >= 0)
+                return code;
+        }
     }
     char **args = calloc((size_t)argc + 4, sizeof *args);
     if (args == NULL)

@@ -76,8 +76,8 @@ def write_launcher(path: str, strip: str = "") -> None:
                         f"#define SANDBOX_CODE {c_string(entry_code(strip))}\n"
                         f"#define SANDBOX_SERVED {', '.join(map(c_string, SERVED))}\n"
                         f"#define SANDBOX_GLOBAL_VALUES {', '.join(map(c_string, GLOBAL_VALUES))}\n")
-            subprocess.run([cc, "-O2", "-Wall", "-Werror", f'-DSANDBOX_CONFIG="{config}"', "-o", tmp, source],
-                           check=True)
+            subprocess.run([cc, "-O2", "-Wall", "-Werror", f'-DSANDBOX_CONFIG="{config}"', "-o", tmp, source,
+                            os.path.join(os.path.dirname(source), "frontend.c")], check=True)
     os.replace(tmp, path)
 
 

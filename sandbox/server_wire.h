@@ -12,7 +12,7 @@
 
 struct buf { char *p; size_t n, cap; };
 
-static int put_max(struct buf *b, const char *s, size_t n, size_t max) {
+static inline int put_max(struct buf *b, const char *s, size_t n, size_t max) {
     if (n > max || b->n > max - n) return -1;
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
@@ -26,11 +26,11 @@ static int put_max(struct buf *b, const char *s, size_t n, size_t max) {
     return 0;
 }
 
-static int put(struct buf *b, const char *s, size_t n) { return put_max(b, s, n, MAX_REQUEST); }
+static inline int put(struct buf *b, const char *s, size_t n) { return put_max(b, s, n, MAX_REQUEST); }
 
 /* UTF-8 as Python's strict decoder takes it (the server decodes the request so), no NUL:
  * no overlong forms, no surrogates, nothing past U+10FFFF. */
-static int utf8(const unsigned char *s, size_t n) {
+static inline int utf8(const unsigned char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         unsigned char c = s[i];
         size_t k = c < 0x80 ? 0 : c >= 0xc2 && c <= 0xdf ? 1 : (c & 0xf0) == 0xe0 ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 9;
@@ -45,7 +45,7 @@ static int utf8(const unsigned char *s, size_t n) {
     return 1;
 }
 
-static int json_string(struct buf *b, const char *s, size_t n) {
+static inline int json_string(struct buf *b, const char *s, size_t n) {
     char esc[8];
     if (put(b, "\"", 1)) return -1;
     for (size_t i = 0; i < n; i++) {
@@ -64,7 +64,7 @@ static int json_string(struct buf *b, const char *s, size_t n) {
 }
 
 /* The value of "key" in the server's flat reply: an int, or a string (escapes undone). */
-static const char *field(const char *reply, const char *key) {
+static inline const char *field(const char *reply, const char *key) {
     char pat[32];
     snprintf(pat, sizeof pat, "\"%s\"", key);
     const char *p = strstr(reply, pat);

@@ -1,0 +1,137 @@
+"""`sandbox exec` with the warm server: the server's child runs the verb's Python (the command
+line, the state, the bundle, the process and every check, as exec_cmd does) and, in place of
+gofer/enter.py's fork, sends the launcher a plan that its C front end (sandbox/frontend.c)
+carries out: the process must descend from the engine's own (a subreaper waits for it), so
+only the launcher's process may fork it. Python starts nowhere on the container's path.
+
+The plan is NUL-terminated "KEY VALUE" records with the fds they name (SCM_RIGHTS, in
+order): the namespaces' fds, opened through one pinned /proc/<init> as spawn opens them; the
+cgroups' cgroup.procs files; the cwd, resolved inside the container's root (its mount
+namespace entered and left again here); the seccomp filter, compiled by libseccomp and
+exported as BPF; rlimits, capabilities as masks, the user, umask, argv and the environment
+with HOME. The front end answers with gofer/enter.py's report ("pid N", "err CODE MESSAGE"),
+read here with the same code, so the errors are the same lines.
+
+What the plan does not carry (a terminal, scheduling, personality, LSM labels, seccomp flags
+or a notify listener) is declined before anything happens, and the launcher runs exec in
+Python as before.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import resource
+import socket
+
+from gofer import enter, process
+from gofer import syscalls as sc
+from gofer.seccomp import compile_filter
+from mounts.errors import ExecError, ProcessError, SandboxError
+from mounts.spec import Personality, Process, Seccomp
+
+MAX_PLAN = 200_000  # bytes: well inside a SOCK_SEQPACKET message (the socket's send buffer)
+MAX_FDS = 64  # frontend.c's PLAN_FDS
+
+
+class Decline(Exception):
+    """Not for the front end: the launcher runs exec in Python (nothing has happened yet)."""
+
+
+def unsupported(proc: Process, console, seccomp: Seccomp | None, personality: Personality | None) -> str | None:
+    if console is not None or proc.terminal:
+        return "a terminal"
+    if personality is not None or proc.scheduler is not None or proc.io_priority is not None:
+        return "scheduling or a personality"
+    if proc.apparmor_profile or proc.selinux_label:
+        return "an LSM label"
+    if seccomp is not None and (seccomp.flags or seccomp.listener_path or seccomp.default_action == "SCMP_ACT_NOTIFY"
+                                or any(r.action == "SCMP_ACT_NOTIFY" for r in seccomp.syscalls)):
+        return "seccomp flags or a listener"
+    return None
+
+
+class Frontend:
+    """gofer.enter.spawn's stand-in in the server's child: the same arguments, the same pid
+    or the same SandboxError."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn = conn
+        self.planned = False
+
+    def spawn(self, init: int, proc: Process, console=None, preserve_fds: int = 0, detach: bool = False,
+              seccomp: Seccomp | None = None, cgroups=(), start_time: int | None = None,
+              personality: Personality | None = None) -> int:
+        why = unsupported(proc, console, seccomp, personality)
+        if why is not None:
+            raise Decline(why)
+        caps = proc.capabilities or process.NO_CAPABILITIES
+        masks = [sum(1 << c for c in process._cap_numbers(getattr(caps, f), f))
+                 for f in ("bounding", "permitted", "inheritable", "effective", "ambient")]
+        user = proc.user
+        records = ["plan 1", f"detach {int(detach)}", f"preserve {preserve_fds}",
+                   f"nnp {int(proc.no_new_privileges)}", f"lastcap {process.LAST_CAP}",
+                   f"umask {user.umask if user.umask is not None else process.DEFAULT_UMASK}",
+                   f"codes {ProcessError.exit_code} {ExecError.exit_code}", "caps " + " ".join(f"{m:x}" for m in masks),
+                   f"user {user.uid} {user.gid}", *(f"group {g}" for g in user.additional_gids)]
+        records += [f"rlimit {getattr(resource, rl.type)} {rl.soft} {rl.hard} {rl.type} soft {rl.soft} hard {rl.hard}"
+                    for rl in proc.rlimits]
+        fds = enter.open_namespaces(init, start_time)
+        sent: list[int] = []
+        try:
+            for fd, flag, name in fds:
+                records.append(f"ns {flag} {name}")
+                sent.append(fd)
+            for d in cgroups:
+                sent.append(os.open(os.path.join(d, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC))
+                records.append(f"cgroup {d}")
+            entry = _look_up(proc, next(fd for fd, _, name in fds if name == "mnt"))
+            if entry.cwd is not None:
+                sent.append(entry.cwd)
+                records.append(f"cwd {proc.cwd}")
+            if seccomp is not None:
+                bpf = compile_filter(seccomp).ctx.export_bpf()
+                memfd = os.memfd_create("seccomp-bpf", os.MFD_CLOEXEC)
+                sent.append(memfd)
+                os.write(memfd, bpf)
+                records.append(f"seccomp {'late' if proc.no_new_privileges else 'early'}")
+            env = dict(item.partition("=")[::2] for item in proc.env)
+            env["HOME"] = entry.home
+            records += [f"arg {a}" for a in proc.args] + [f"env {k}={v}" for k, v in env.items()]
+            data = b"".join(os.fsencode(r) + b"\0" for r in records)
+            if any("\0" in r for r in records) or len(data) > MAX_PLAN or len(sent) > MAX_FDS:
+                raise Decline("a plan too big for one message")
+            self.conn.settimeout(None)  # (the request's deadline is over; the report comes at exec)
+            self.conn.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", sent))])
+            self.planned = True
+        finally:
+            for fd in sent:
+                os.close(fd)
+            for fd, _, _ in fds:
+                if fd not in sent:
+                    os.close(fd)
+        report = self.conn.recv(65536)
+        if not report:
+            raise SandboxError("the launcher exited before it reported the process")
+        pid, error = enter.parse_report(report.decode(errors="replace"))
+        if error is not None:
+            raise error
+        assert pid is not None  # (parse_report gives one or the other)
+        return pid
+
+
+def _look_up(proc: Process, mnt: int) -> process.Entry:
+    """process.look_up inside the container's root: its mount namespace, entered and left
+    (a forked child of the server, single-threaded), the cwd left unentered."""
+    own = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    here = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sc.setns(mnt, sc.CLONE_NEWNS, what="the container's mnt namespace")
+        try:
+            return process.look_up(proc, enter=False)
+        finally:
+            sc.setns(own, sc.CLONE_NEWNS, what="our own mnt namespace")
+            os.fchdir(here)
+    finally:
+        os.close(own)
+        os.close(here)

@@ -1,0 +1,354 @@
+/*
+ * `sandbox exec` as the warm server plans it (sandbox/exec_frontend.py has the other half and
+ * the why): the server has done all of the verb's Python (the command line, the state, the
+ * bundle, the process, the checks, the namespaces' fds through a pinned /proc/<init>, the
+ * cgroups' files, the seccomp filter compiled to BPF, the cwd resolved inside the container's
+ * root and HOME) and sends a plan: NUL-terminated records "KEY VALUE", the fds they name as
+ * SCM_RIGHTS in the same order. This process, the one the engine started, then does what
+ * gofer/enter.py does, with the same three processes:
+ *
+ *     P (this one)               C                                G
+ *     subreaper (unless detach)  cgroups, rlimits, setns user,
+ *     fork ------------------>   ipc, uts, net, pid, cgroup, mnt
+ *                                fork ------------------------->  drop the bounding set,
+ *              <-- "pid N" ---   exit                             user, capabilities,
+ *              <------------------------------------ EOF at exec  setsid, umask, cwd,
+ *     the report to the server         (or "err CODE MESSAGE")     no_new_privs, signals,
+ *     its {"code"}: the pid file written, or the error printed     seccomp, exec
+ *     detach: exit; else wait for G, pass SIGINT/TERM/HUP on, exit with its status
+ *
+ * The report is gofer/enter.py's, and the server reads it with the same code. What the plan
+ * cannot express (a terminal, scheduling, LSM labels, seccomp flags or a listener) the
+ * server declines, and the launcher runs exec in Python as before. This process runs from a
+ * read-only view of the launcher (launcher.c seals it first) and is not dumpable: the
+ * container never sees a host file it could write.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "frontend.h"
+
+#define MAX_FDS 64
+#define MAX_ITEMS 4096
+
+struct plan {
+    int detach, preserve, nnp, early_seccomp, last_cap, umask;
+    int code_process, code_exec;
+    unsigned long long bounding, permitted, inheritable, effective, ambient;
+    unsigned uid, gid;
+    gid_t groups[256];
+    int ngroups;
+    struct { int resource; rlim_t soft, hard; const char *text; } rlimits[32];
+    int nrlimits;
+    struct { int fd, flag; const char *name; } ns[8];
+    int nns;
+    struct { int fd; const char *path; } cgroups[32];
+    int ncgroups;
+    int cwd;
+    const char *cwd_text;
+    struct sock_filter *bpf;
+    unsigned short bpf_len;
+    char *argv[MAX_ITEMS], *envp[MAX_ITEMS];
+    int argc, envc;
+};
+
+static int report_fd = -1;
+
+/* One "err CODE MESSAGE" line to P (gofer/enter.py's report), then exit with CODE. */
+static void fail(int code, const char *fmt, ...) {
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (n < 0) n = 0;
+    for (char *p = msg; *p; p++)
+        if (*p == '\n') *p = ' ';
+    dprintf(report_fd, "err %d %s\n", code, msg);
+    _exit(code);
+}
+
+static unsigned long long hex(const char *s) { return strtoull(s, NULL, 16); }
+
+static const char *next_item(const char **p, const char *end) {
+    const char *item = *p;
+    const char *nul = memchr(item, '\0', (size_t)(end - item));
+    if (nul == NULL) return NULL;
+    *p = nul + 1;
+    return item;
+}
+
+/* The plan's records; -1 on anything malformed (the launcher then says so: never a guess). */
+static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds) {
+    memset(pl, 0, sizeof *pl);
+    pl->cwd = -1, pl->code_process = 1, pl->code_exec = 127;
+    const char *p = buf, *end = buf + n, *item;
+    int fdi = 0;
+#define TAKE_FD() (fdi < nfds ? fds[fdi++] : -1)
+    while (p < end && (item = next_item(&p, end)) != NULL) {
+        const char *v = strchr(item, ' ');
+        v = v ? v + 1 : "";
+        if (!strncmp(item, "plan", 4)) continue;
+        else if (!strncmp(item, "detach ", 7)) pl->detach = atoi(v);
+        else if (!strncmp(item, "preserve ", 9)) pl->preserve = atoi(v);
+        else if (!strncmp(item, "nnp ", 4)) pl->nnp = atoi(v);
+        else if (!strncmp(item, "lastcap ", 8)) pl->last_cap = atoi(v);
+        else if (!strncmp(item, "umask ", 6)) pl->umask = atoi(v);
+        else if (!strncmp(item, "codes ", 6)) sscanf(v, "%d %d", &pl->code_process, &pl->code_exec);
+        else if (!strncmp(item, "caps ", 5)) {
+            char b[5][20];
+            if (sscanf(v, "%19s %19s %19s %19s %19s", b[0], b[1], b[2], b[3], b[4]) != 5) return -1;
+            pl->bounding = hex(b[0]), pl->permitted = hex(b[1]), pl->inheritable = hex(b[2]);
+            pl->effective = hex(b[3]), pl->ambient = hex(b[4]);
+        } else if (!strncmp(item, "user ", 5)) {
+            if (sscanf(v, "%u %u", &pl->uid, &pl->gid) != 2) return -1;
+        } else if (!strncmp(item, "group ", 6)) {
+            if (pl->ngroups == 256) return -1;
+            pl->groups[pl->ngroups++] = (gid_t)strtoul(v, NULL, 10);
+        } else if (!strncmp(item, "rlimit ", 7)) {
+            if (pl->nrlimits == 32) return -1;
+            unsigned long long soft, hard;
+            int res, off = 0;
+            if (sscanf(v, "%d %llu %llu %n", &res, &soft, &hard, &off) != 3) return -1;
+            pl->rlimits[pl->nrlimits].resource = res;
+            pl->rlimits[pl->nrlimits].soft = soft == UINT64_MAX ? RLIM_INFINITY : (rlim_t)soft;
+            pl->rlimits[pl->nrlimits].hard = hard == UINT64_MAX ? RLIM_INFINITY : (rlim_t)hard;
+            pl->rlimits[pl->nrlimits++].text = v + off;
+        } else if (!strncmp(item, "ns ", 3)) {
+            if (pl->nns == 8) return -1;
+            const char *name = strchr(v, ' ');
+            pl->ns[pl->nns].flag = atoi(v);
+            pl->ns[pl->nns].name = name ? name + 1 : "?";
+            if ((pl->ns[pl->nns++].fd = TAKE_FD()) < 0) return -1;
+        } else if (!strncmp(item, "cgroup ", 7)) {
+            if (pl->ncgroups == 32) return -1;
+            pl->cgroups[pl->ncgroups].path = v;
+            if ((pl->cgroups[pl->ncgroups++].fd = TAKE_FD()) < 0) return -1;
+        } else if (!strncmp(item, "cwd ", 4)) {
+            pl->cwd_text = v;
+            if ((pl->cwd = TAKE_FD()) < 0) return -1;
+        } else if (!strncmp(item, "seccomp ", 8)) {
+            pl->early_seccomp = !strcmp(v, "early");
+            int fd = TAKE_FD();
+            struct stat st;
+            if (fd < 0 || fstat(fd, &st) < 0 || st.st_size <= 0 || st.st_size % sizeof(struct sock_filter)
+                || st.st_size > BPF_MAXINSNS * (off_t)sizeof(struct sock_filter)) return -1;
+            pl->bpf = malloc((size_t)st.st_size);
+            if (pl->bpf == NULL || pread(fd, pl->bpf, (size_t)st.st_size, 0) != st.st_size) return -1;
+            pl->bpf_len = (unsigned short)(st.st_size / sizeof(struct sock_filter));
+            close(fd);
+        } else if (!strncmp(item, "arg ", 4)) {
+            if (pl->argc == MAX_ITEMS - 1) return -1;
+            pl->argv[pl->argc++] = (char *)v;
+        } else if (!strncmp(item, "env ", 4)) {
+            if (pl->envc == MAX_ITEMS - 1) return -1;
+            pl->envp[pl->envc++] = (char *)v;
+        } else {
+            return -1; /* a record this launcher does not know: an older build than the server */
+        }
+    }
+#undef TAKE_FD
+    return pl->argc > 0 && fdi == nfds ? 0 : -1;
+}
+
+static void load_seccomp(struct plan *pl) {
+    struct sock_fprog prog = {.len = pl->bpf_len, .filter = pl->bpf};
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) < 0)
+        fail(1, "seccomp_load the container's filter: %s", strerror(errno));
+}
+
+/* execvpe with the PATH of the process's own environment (Python's os.execvpe), else
+ * os.defpath; the first error other than "not there" is the one reported. */
+static void exec_process(struct plan *pl) {
+    const char *file = pl->argv[0], *path = "/bin:/usr/bin";
+    for (int i = 0; i < pl->envc; i++)
+        if (!strncmp(pl->envp[i], "PATH=", 5)) path = pl->envp[i] + 5;
+    if (strchr(file, '/')) {
+        execve(file, pl->argv, pl->envp);
+        fail(pl->code_exec, "exec %s: %s", file, strerror(errno));
+    }
+    int saved = 0;
+    char buf[4096];
+    for (const char *dir = path;; dir++) {
+        const char *colon = strchrnul(dir, ':');
+        int len = (int)(colon - dir);
+        snprintf(buf, sizeof buf, "%.*s%s%s", len, dir, len ? "/" : "", file);
+        execve(buf, pl->argv, pl->envp);
+        if (errno != ENOENT && errno != ENOTDIR && !saved) saved = errno;
+        if (*colon == '\0') break;
+        dir = colon;
+    }
+    fail(pl->code_exec, "exec %s: %s", file, strerror(saved ? saved : ENOENT));
+}
+
+/* G: the process, set up as gofer/process.py's become and exec_process do. */
+static void process(struct plan *pl) {
+    if (pl->cwd >= 0 && fchdir(pl->cwd) == 0) { /* as root first (a 0700 cwd is still the process's) */
+        close(pl->cwd);
+        pl->cwd = -1;
+    } else if (pl->cwd >= 0 && errno != EACCES && errno != EPERM) {
+        fail(pl->code_process, "process.cwd %s: %s", pl->cwd_text, strerror(errno));
+    }
+    if (pl->bpf && pl->early_seccomp) load_seccomp(pl); /* needs CAP_SYS_ADMIN: before the user changes */
+    for (int cap = 0; cap <= pl->last_cap; cap++)
+        if (!(pl->bounding >> cap & 1) && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0)
+            fail(1, "prctl PR_CAPBSET_DROP %d: %s", cap, strerror(errno));
+    prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0);
+    if (setgroups((size_t)pl->ngroups, pl->groups) < 0 || setgid(pl->gid) < 0 || setuid(pl->uid) < 0)
+        fail(pl->code_process, "process.user: uid %u gid %u: %s", pl->uid, pl->gid, strerror(errno));
+    struct __user_cap_header_struct header = {.version = _LINUX_CAPABILITY_VERSION_3};
+    struct __user_cap_data_struct data[2];
+    for (int w = 0; w < 2; w++) {
+        data[w].effective = (uint32_t)(pl->effective >> (32 * w));
+        data[w].permitted = (uint32_t)(pl->permitted >> (32 * w));
+        data[w].inheritable = (uint32_t)(pl->inheritable >> (32 * w));
+    }
+    if (syscall(SYS_capset, &header, data) < 0)
+        fail(1, "capset effective=%llx permitted=%llx inheritable=%llx: %s", pl->effective, pl->permitted,
+             pl->inheritable, strerror(errno));
+    unsigned long long ambient = pl->ambient & pl->permitted & pl->inheritable;
+    for (int cap = 0; cap < 64; cap++)
+        if (ambient >> cap & 1 && prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0) < 0)
+            fail(1, "prctl PR_CAP_AMBIENT_RAISE %d: %s", cap, strerror(errno));
+    prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0);
+    setsid();
+    umask((mode_t)pl->umask);
+    if (pl->cwd >= 0) {
+        if (fchdir(pl->cwd) < 0) fail(pl->code_process, "process.cwd %s: %s", pl->cwd_text, strerror(errno));
+        close(pl->cwd);
+    }
+    if (pl->nnp) prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP) signal(sig, SIG_DFL); /* (32 and 33 refuse: libc's own) */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (pl->bpf && !pl->early_seccomp) load_seccomp(pl); /* last: it filters the container, not us */
+    exec_process(pl);
+}
+
+/* C: into the container's cgroups and namespaces, then fork G. Never returns. */
+static void enter(struct plan *pl) {
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    char pid[32];
+    snprintf(pid, sizeof pid, "%d", getpid());
+    for (int i = 0; i < pl->ncgroups; i++) {
+        if (write(pl->cgroups[i].fd, pid, strlen(pid)) < 0)
+            fail(1, "%s/cgroup.procs: %s", pl->cgroups[i].path, strerror(errno));
+        close(pl->cgroups[i].fd);
+    }
+    for (int i = 0; i < pl->nrlimits; i++) {
+        struct rlimit rl = {.rlim_cur = pl->rlimits[i].soft, .rlim_max = pl->rlimits[i].hard};
+        if (setrlimit(pl->rlimits[i].resource, &rl) < 0)
+            fail(pl->code_process, "process.rlimits: %s: %s", pl->rlimits[i].text, strerror(errno));
+    }
+    for (int i = 0; i < pl->nns; i++) {
+        if (setns(pl->ns[i].fd, pl->ns[i].flag) < 0)
+            fail(1, "setns the container's %s namespace: %s", pl->ns[i].name, strerror(errno));
+        close(pl->ns[i].fd);
+    }
+    pid_t g = fork();
+    if (g < 0) fail(1, "fork: %s", strerror(errno));
+    if (g > 0) {
+        dprintf(report_fd, "pid %d\n", g);
+        _exit(0);
+    }
+    process(pl);
+}
+
+static volatile pid_t forward_to;
+
+static void forward(int sig) {
+    if (forward_to > 0) kill(forward_to, sig);
+}
+
+int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds) {
+    struct plan pl;
+    if (parse(&pl, buf, n, fds, nfds) < 0) {
+        fprintf(stderr, "sandbox exec: the server's plan is not one this launcher reads (rebuild both)\n");
+        return 1;
+    }
+    /* the fds the engine passes on (--preserve-fds) stay; every other one closes at exec */
+    syscall(SYS_close_range, 3 + pl.preserve, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
+    if (!pl.detach) prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); /* G becomes ours when C exits */
+    int report[2];
+    if (pipe2(report, O_CLOEXEC) < 0) {
+        fprintf(stderr, "sandbox exec: pipe: %s\n", strerror(errno));
+        return 1;
+    }
+    pid_t c = fork();
+    if (c == 0) {
+        close(report[0]);
+        close(s);
+        report_fd = report[1];
+        enter(&pl);
+    }
+    close(report[1]);
+    for (int i = 0; i < nfds; i++) close(fds[i]);
+    char text[4096];
+    size_t got = 0;
+    for (;;) {
+        ssize_t r = read(report[0], text + got, sizeof text - 1 - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+        if (got == sizeof text - 1) break;
+    }
+    text[got] = '\0';
+    close(report[0]);
+    if (c > 0) while (waitpid(c, NULL, 0) < 0 && errno == EINTR) {}
+    pid_t g = 0;
+    const char *line = strstr(text, "pid ");
+    if (line == text || (line && line[-1] == '\n')) g = (pid_t)atoi(line + 4);
+    int failed = strstr(text, "err ") != NULL;
+    /* the server prints an error, or writes the pid file, and answers with the code */
+    if (send(s, text, got, 0) < 0) {
+        fprintf(stderr, "sandbox exec: the server went away: %s\n", strerror(errno));
+        return 1;
+    }
+    char reply[512];
+    ssize_t r;
+    do r = recv(s, reply, sizeof reply - 1, 0); while (r < 0 && errno == EINTR);
+    close(s);
+    int code = 1;
+    if (r > 0) {
+        reply[r] = '\0';
+        const char *v = field(reply, "code");
+        code = v ? atoi(v) : 1;
+    } else {
+        fprintf(stderr, "sandbox exec: the server died before it answered\n");
+    }
+    if (code != 0 || pl.detach) {
+        if (failed && g > 0 && !pl.detach) waitpid(g, NULL, 0); /* (it exits right after its report) */
+        return code;
+    }
+    forward_to = g;
+    struct sigaction sa = {.sa_handler = forward};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    int status;
+    while (waitpid(g, &status, 0) < 0)
+        if (errno != EINTR) return 1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}

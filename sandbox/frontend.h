@@ -1,0 +1,12 @@
+/* The exec front end (frontend.c), called by the launcher (launcher.c) with the server's plan. */
+#ifndef SANDBOX_FRONTEND_H
+#define SANDBOX_FRONTEND_H
+#include <stddef.h>
+
+#include "server_wire.h"
+
+/* Runs the plan (buf, n; fds as received) on the server's connection s: the exit code of
+ * `sandbox exec`, the process's own when not detached. */
+int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds);
+
+#endif
