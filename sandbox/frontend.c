@@ -154,8 +154,7 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
                 || st.st_size > BPF_MAXINSNS * (off_t)sizeof(struct sock_filter)) return -1;
             pl->bpf = malloc((size_t)st.st_size);
             if (pl->bpf == NULL || pread(fd, pl->bpf, (size_t)st.st_size, 0) != st.st_size) return -1;
-            pl->bpf_len = (unsigned short)(st.st_size / sizeof(struct sock_filter));
-            close(fd);
+            pl->bpf_len = (unsigned short)(st.st_size / sizeof(struct sock_filter)); /* (the fd: closed with the rest) */
         } else if (!strncmp(item, "arg ", 4)) {
             if (pl->argc == MAX_ITEMS - 1) return -1;
             pl->argv[pl->argc++] = (char *)v;

@@ -126,11 +126,32 @@ def _verdict(records: list[list[str]], host_files: set) -> tuple[list, list]:
     return ours, bad
 
 
-@pytest.mark.parametrize("runtime", ["sandbox", "runc"])
-def test_a_ptrace_capable_container_sees_no_writable_host_file(runtime, make_bundle, tmp_path):
+@pytest.mark.parametrize("runtime", ["sandbox", "sandbox+server", "runc"])
+def test_a_ptrace_capable_container_sees_no_writable_host_file(runtime, make_bundle, tmp_path, monkeypatch):
     cli = [*CLI, "--root", str(tmp_path / "s")] if runtime == "sandbox" else ["runc", "--root", str(tmp_path / "r")]
-    records, host, _ = _probe(cli, make_bundle, tmp_path, runtime[0])
+    server = None
+    if runtime == "sandbox+server":  # the execs by the launcher's C front end (sandbox/frontend.c)
+        import engines
+
+        if not Path(engines.SANDBOX).is_file():
+            pytest.skip("the launcher is not built")
+        server = engines.WarmServer(tmp_path / "warm").__enter__()
+        monkeypatch.setenv("SANDBOX_SERVER", str(server.path))
+        cli = [engines.SANDBOX, "--root", str(tmp_path / "s")]
+    try:
+        records, host, _ = _probe(cli, make_bundle, tmp_path, runtime[0])
+    finally:
+        if server is not None:
+            served = server.log.read_text()
+            server.__exit__()
+    if server is not None:
+        assert served.count(" exec ") >= 5 and "declined" not in served, served  # every exec the front end's
+    if server is not None:
+        launcher = os.stat(engines.SANDBOX)
+        host.add((launcher.st_dev, launcher.st_ino))  # (its host file must never be the container's to write)
     ours, bad = _verdict(records, host)
+    if server is not None:  # the front end seen before its exec (it runs as the launcher: "sandbox")
+        assert any(comm == "sandbox" for _, comm, _, _ in ours), ours
     assert ours, "the watcher saw none of the runtime's processes: the probe proves nothing"
     assert any(marked for *_, marked in ours), "the watcher never saw the created init wait for start"
     assert host, "no host files to compare with"

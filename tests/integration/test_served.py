@@ -194,3 +194,111 @@ def test_socket_activated(tmp_path, make_bundle):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
+
+
+def _launch(path, root, bundle, cid, tmp_path):
+    with open(tmp_path / f"{cid}.out", "w") as out:
+        r = subprocess.run([str(LAUNCHER), "--root", str(root), "run", "-d", "-b", str(bundle), cid],
+                           stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=60,
+                           env=dict(os.environ, SANDBOX_SERVER=str(path)))
+    assert r.returncode == 0, (tmp_path / f"{cid}.out").read_text()
+
+
+PROBE = ("id; echo home=$HOME; pwd; umask; grep -E '^(Cap|NoNewPrivs|Seccomp|Sig(Blk|Ign))' /proc/self/status;"
+         " ls /proc/self/fd; ulimit -n -Hn -u; env | sort; cat /proc/self/cgroup; ls -l /proc/self/ns | cut -c40-;"
+         " mkdir /tmp/x 2>&1; unshare -U true 2>&1; tty; true")
+
+
+def test_exec_by_the_front_end_is_pythons(server, make_bundle, tmp_path):
+    """Every exec variant through the launcher's front end gives what exec in Python gives:
+    the user, capabilities, no_new_privs, seccomp (podman's profile), rlimits, umask, cwd,
+    environment, cgroup and namespaces of the process, its exit code, and the same error
+    lines; none of them is declined."""
+    import fixtures
+
+    path, log, _ = server
+    root = tmp_path / "state"
+    spec = json.loads((make_bundle(["sleep", "100"]) / "config.json").read_text())
+    spec["process"]["rlimits"] = [{"type": "RLIMIT_NOFILE", "soft": 512, "hard": 1024}]
+    spec["process"]["capabilities"] = {k: ["CAP_CHOWN", "CAP_NET_BIND_SERVICE", "CAP_SETUID", "CAP_SETGID"]
+                                       for k in ("bounding", "effective", "permitted", "inheritable", "ambient")}
+    spec["process"]["user"] = {"uid": 0, "gid": 0, "umask": 0o027, "additionalGids": [5, 7]}
+    spec["process"]["env"] += ["FROM_SPEC=1"]
+    spec["linux"]["seccomp"] = fixtures.engine_seccomp_profile()
+    bundle = make_bundle(["sleep", "100"], **{k: v for k, v in spec.items() if k != "root"})
+    _launch(path, root, bundle, "x1", tmp_path)
+    try:
+        variants = [[], ["--cwd", "/etc"], ["-e", "EXTRA=2", "-e", "HOME=/home/x"], ["-u", "1000:1000"],
+                    ["-u", "65534", "--additional-gids", "9"], ["--cap", "CAP_KILL"], ["--no-new-privs"]]
+        for flags in variants:
+            here = verb("", "--root", root, "exec", *flags, "x1", "sh", "-c", PROBE)
+            warm = verb(path, "--root", root, "exec", *flags, "x1", "sh", "-c", PROBE)
+            assert here.returncode == 0, here.stderr
+            assert (warm.returncode, warm.stdout, warm.stderr) == (here.returncode, here.stdout, here.stderr), \
+                (flags, warm.stdout, warm.stderr, here.stdout)
+        for argv in (["x1", "sh", "-c", "exit 3"], ["x1", "no-such-command"], ["--cwd", "/nope", "x1", "true"],
+                     ["nope", "true"], ["x1"], ["x1", "/etc/passwd"]):
+            here, warm = verb("", "--root", root, "exec", *argv), verb(path, "--root", root, "exec", *argv)
+            assert (warm.returncode, warm.stdout, warm.stderr) == (here.returncode, here.stdout, here.stderr), argv
+        lines = served_lines(log)
+        assert sum(" exec " in line for line in lines) == len(variants) + 6, log.read_text()
+        assert "declined" not in log.read_text()
+    finally:
+        verb("", "--root", root, "delete", "--force", "x1")
+
+
+def test_exec_detached_with_a_pid_file(server, make_bundle, tmp_path):
+    path, log, _ = server
+    root = tmp_path / "state"
+    _launch(path, root, make_bundle(["sleep", "100"]), "d1", tmp_path)
+    try:
+        pid_file = tmp_path / "exec.pid"
+        with open(tmp_path / "exec.out", "w+") as out:  # (a pipe would end only with the detached process)
+            r = subprocess.run([str(LAUNCHER), "--root", str(root), "exec", "-d", "--pid-file", str(pid_file), "d1",
+                                "sleep", "30"], stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=60,
+                               env=dict(os.environ, SANDBOX_SERVER=str(path)))
+            assert r.returncode == 0 and (tmp_path / "exec.out").read_text() == ""
+        pid = int(pid_file.read_text())
+        assert Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"
+        r = verb(path, "--root", root, "ps", "--format", "json", "d1")
+        assert pid in json.loads(r.stdout)
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        verb("", "--root", root, "delete", "--force", "d1")
+    assert any(" exec -d " in line for line in served_lines(log)), log.read_text()
+
+
+def test_exec_forwards_signals_and_reports_them(server, make_bundle, tmp_path):
+    """Not detached, the launcher waits for the process, passes SIGTERM on, and exits 128+N."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    _launch(path, root, make_bundle(["sleep", "100"]), "s1", tmp_path)
+    try:
+        proc = subprocess.Popen([str(LAUNCHER), "--root", str(root), "exec", "s1", "sleep", "30"],
+                                env=dict(os.environ, SANDBOX_SERVER=str(path)), stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not any(" exec s1 sleep 30" in line for line in served_lines(log)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+    finally:
+        verb("", "--root", root, "delete", "--force", "s1")
+
+
+def test_exec_the_front_end_cannot_plan_runs_in_python(server, make_bundle, tmp_path):
+    """A seccomp flag (or a terminal, scheduling, LSM labels): declined before anything is
+    done, and exec runs in Python as before, with the same result."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    profile = {"defaultAction": "SCMP_ACT_ALLOW", "flags": ["SECCOMP_FILTER_FLAG_LOG"],
+               "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]}
+    spec = json.loads((make_bundle(["sleep", "100"]) / "config.json").read_text())
+    spec["linux"]["seccomp"] = profile
+    _launch(path, root, make_bundle(["sleep", "100"], linux=spec["linux"]), "f1", tmp_path)
+    try:
+        r = verb(path, "--root", root, "exec", "f1", "sh", "-c", "mkdir /tmp/y || echo denied")
+        assert (r.returncode, r.stdout.splitlines()[-1]) == (0, "denied"), r.stderr
+    finally:
+        verb("", "--root", root, "delete", "--force", "f1")
+    assert "exec declined: seccomp flags or a listener" in log.read_text()
