@@ -289,8 +289,8 @@ def driver_layout(inventory):
 def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
     """The spec of ``inventory``'s GPUs: a device per index, per UUID and ``all``; the
     control nodes, every driver file (where the driver root keeps it) and one
-    createContainer hook of ours (``hook`` + its --link and --cache-entry arguments) that
-    makes the links and the container's ld.so.cache, for all of them."""
+    createRuntime hook of ours (``hook`` + its --link and --cache-entry arguments) that
+    makes the links and the container's ld.so.cache, for all of them (sandbox/cdi_cmd.py)."""
     from mounts import actions as A
     from mounts.driver import dri_link
     from mounts.plan import iter_plan
@@ -325,13 +325,13 @@ def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
         elif isinstance(a, A.LdCache):
             args += [arg for e in a.entries for arg in ("--cache-entry", f"{e.key}::{e.value}::{e.flags:#x}")]
     edits = ContainerEdits(env=["NVIDIA_VISIBLE_DEVICES=void"], device_nodes=common, mounts=mounts,
-                           hooks=[Hook("createContainer", hook[0], args, hook_env)])
+                           hooks=[Hook("createRuntime", hook[0], args, hook_env)])
 
     def gpu_edits(busids: list[str]) -> ContainerEdits:
         nodes = [by_target[t] for b in busids for t in own[b] if t in by_target]
         mine = [(links[t], t) for b in busids for n in inventory.dri.get(b, ())
                 if (t := "/dev/dri/" + dri_link(b, n.rpartition("/")[2])) in links]
-        hooks = [Hook("createContainer", hook[0], list(hook) + [x for c, t in mine for x in ("--link", f"{c}::{t}")],
+        hooks = [Hook("createRuntime", hook[0], list(hook) + [x for c, t in mine for x in ("--link", f"{c}::{t}")],
                       hook_env)] if mine else []
         return ContainerEdits(device_nodes=nodes, hooks=hooks)
 

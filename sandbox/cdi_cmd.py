@@ -1,11 +1,15 @@
 """``sandbox cdi generate | list | hook``: our CDI spec, the devices the CDI specs here
-define, and the createContainer hook our spec names (mounts/cdi.py has the rules).
+define, and the hook our spec names (mounts/cdi.py has the rules).
 
-The hook runs inside the container's mount namespace before pivot_root (runc and crun run
-createContainer hooks there), with the state on stdin: it makes the driver's links and the
-container's ld.so.cache with our own writer, in an overlay of the image's directories. It
-never runs ldconfig or anything of the image's, uses only its own environment and works from
-"/", not the rootfs (CVE-2025-23266, CVE-2025-23267).
+The hook makes the driver's links and the container's ld.so.cache with our own writer, in
+an overlay of the image's directories, before pivot_root, with the state on stdin. Our spec
+names it a createRuntime hook: the runtime runs it in its own namespaces, it joins the
+container's mount namespace by the state's pid (gofer/embed.py), and so the warm server can
+do it (the spec names the C client, sandbox/hook_client.c, where it is built: no Python
+starts per container). Written as a createContainer hook (runc and crun run those inside
+the container's mount namespace) it mounts where it is. It never runs ldconfig or anything
+of the image's, uses only its own environment and works from "/", not the rootfs
+(CVE-2025-23266, CVE-2025-23267).
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ def generate(args) -> int:
     if not inventory.gpus:
         raise SandboxError(f"{inventory.dev_root}: no NVIDIA GPU found (/proc/driver/nvidia/gpus is empty)")
     hook = [sys.executable, "-I", "-S", "-c", entry_code(), "cdi", "hook"]
+    client = os.path.join(os.path.dirname(sys.executable), "sandbox-hook")  # (scripts/setup builds it)
+    if os.access(client, os.X_OK):
+        hook = [client, *hook]  # the warm server's client, which execs the Python hook without one
     spec = cdi.generate(inventory, hook, HOOK_ENV)
     if args.format == "json":
         text = msgspec.json.format(msgspec.json.encode(spec), indent=2).decode() + "\n"
@@ -57,7 +64,9 @@ def generate(args) -> int:
     return 0
 
 
-def hook(args) -> int:
+def hook(args, state_json: bytes | None = None) -> int:
+    """The hook's work for the container whose state is ``state_json`` (else stdin)."""
+    from gofer.embed import join_mount_namespace
     from mounts import actions as A
     from mounts.bundle import load_bundle
     from mounts.ldcache import Entry
@@ -66,7 +75,8 @@ def hook(args) -> int:
 
     os.chdir("/")
     try:
-        state = msgspec.json.decode(sys.stdin.buffer.read(), type=ContainerState)
+        state = msgspec.json.decode(sys.stdin.buffer.read() if state_json is None else state_json,
+                                    type=ContainerState)
     except msgspec.DecodeError as e:
         raise BundleError(f"container state on stdin: {e}") from None
     actions: list = []
@@ -98,17 +108,17 @@ def hook(args) -> int:
         entries.append(Entry(parts[0], parts[1], flags))
     if entries:
         actions.append(A.LdCache("", "/etc/ld.so.cache", A.RO_LIB, tuple(entries)))
-    _in_the_containers_mount_namespace()
-    bundle = load_bundle(state.bundle)
+    bundle = load_bundle(state.bundle)  # (read where the runtime runs us: the bundle is its path)
+    if not _in_a_containers_mount_namespace():
+        join_mount_namespace(state.pid)  # createRuntime: refused if that pid's namespace is ours
     apply_plan(actions, bundle.rootfs)
     return 0
 
 
-def _in_the_containers_mount_namespace() -> None:
-    """A createContainer hook runs in the container's mount namespace (runc, crun): there we
-    mount. Anywhere else (the host's, moved to prestart, run by hand) nothing is mounted:
-    ours must not be the mount namespace of the processes that started us (the runtime's,
-    outside), which it is when the hook is run from the host."""
+def _in_a_containers_mount_namespace() -> bool:
+    """Whether we run in a container's mount namespace, as a createContainer hook does (runc,
+    crun): one that is not the mount namespace of the processes that started us (the
+    runtime's, outside). Otherwise we are in the runtime's (createRuntime, or run by hand)."""
     def mnt(p: int | str) -> int | None:
         try:
             return os.stat(f"/proc/{p}/ns/mnt").st_ino
@@ -131,6 +141,4 @@ def _in_the_containers_mount_namespace() -> None:
         p = parent(p)
     # (the state's pid may be the init's in its own pid namespace, where runc runs the hook:
     # it names nothing in the /proc we see, so the test is on our ancestors alone)
-    if ours is None or ours == mnt(1) or not outside:
-        raise SandboxError("runs only as a createContainer hook, in the container's mount namespace "
-                           "(not the one of the runtime that started it); refusing to mount here")
+    return ours is not None and ours != mnt(1) and outside

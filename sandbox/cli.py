@@ -263,6 +263,24 @@ def hook_args(argv: list[str]):
                                  **{o[2:].replace("-", "_"): opts.get(o) for o in HOOK_OPTIONS})
 
 
+CDI_HOOK_OPTIONS = {"--link": "link", "--file": "file", "--cache-entry": "cache_entry"}
+
+
+def cdi_hook_args(argv: list[str]):
+    """`cdi hook` as our CDI spec writes it (its three repeated options), read without
+    argparse, for the warm server; anything else is None."""
+    import types
+
+    if argv[:2] != ["cdi", "hook"] or len(argv) % 2:
+        return None
+    ns: dict[str, list[str]] = {key: [] for key in CDI_HOOK_OPTIONS.values()}
+    for flag, value in zip(argv[2::2], argv[3::2], strict=True):
+        if flag not in CDI_HOOK_OPTIONS:
+            return None
+        ns[CDI_HOOK_OPTIONS[flag]].append(value)
+    return types.SimpleNamespace(verb="cdi", action="hook", **ns)
+
+
 # The verbs an engine runs once per container, with their flags: parsed without argparse
 # (--scratch-size, --cdi-spec-dir and anything else rare take the full parser).
 _CREATE = {"-b": "bundle", "--bundle": "bundle", "--pid-file": "pid_file", "--console-socket": "console_socket",

@@ -4,8 +4,9 @@
  * `sandbox hook install` writes it into the hook entry:
  *
  *     sandbox-hook PYTHON -I -S -c CODE hook [--driver-root D] ... [--server SOCKET]
+ *     sandbox-hook PYTHON -I -S -c CODE cdi hook [--link L] ...     (our CDI spec's hook)
  *
- * argv[1:] is the whole Python hook. The client sends {"argv": <from "hook" on>, "stdin":
+ * argv[1:] is the whole Python hook. The client sends {"argv": <from "hook" (or "cdi") on>, "stdin":
  * <the container state>} to SOCKET (default /run/gpu-sandbox/hook.sock), as the Python client
  * does, and prints the server's error line and exits with its code. Whenever the server is
  * of no use (none listens, it is not root's, it declines, the request is too big, the state
@@ -91,7 +92,7 @@ int main(int argc, char **argv) {
     int hook = -1;
     const char *path = DEFAULT_SOCKET;
     for (int i = 2; i < argc; i++) {
-        if (hook < 0 && strcmp(argv[i], "hook") == 0) hook = i;
+        if (hook < 0 && strcmp(argv[i], "hook") == 0) hook = strcmp(argv[i - 1], "cdi") == 0 ? i - 1 : i; /* (cdi hook) */
         else if (hook >= 0 && strcmp(argv[i], "--trace") == 0) hook = -2; /* the hook's own to write */
         else if (hook >= 0 && strcmp(argv[i], "--server") == 0 && i + 1 < argc) path = argv[i + 1];
         if (hook == -2) break;

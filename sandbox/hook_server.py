@@ -374,14 +374,19 @@ def _run_hook(conn, data: bytes) -> int:
     code, error, cid = 1, "", "?"
     try:
         request = loads(data.decode())
-        args = cli.hook_args(request["argv"])
-        if args is None or args.trace:  # (a trace is the hook's own to write: never ours, as root, for it)
+        args = cli.hook_args(request["argv"]) or cli.cdi_hook_args(request["argv"])
+        if args is None or getattr(args, "trace", None):  # (a trace is the hook's own to write: never ours)
             _decline(conn, "arguments only the hook itself reads", read=False)
             return 0
         state = request["stdin"].encode("utf-8", "surrogateescape")
         cid = str(loads(request["stdin"]).get("id", "?")) if request["stdin"].lstrip().startswith("{") else "?"
-        cli._resolve(args)
-        code = hook_cmd.run_hook(args, state)
+        if args.verb == "cdi":
+            from sandbox import cdi_cmd
+
+            code = cdi_cmd.hook(args, state)
+        else:
+            cli._resolve(args)
+            code = hook_cmd.run_hook(args, state)
     except (SandboxError, OSError) as e:
         code, error = (e.exit_code if isinstance(e, SandboxError) else 1), str(e)
     except (ValueError, KeyError, TypeError, UnicodeError) as e:
@@ -421,7 +426,7 @@ def _preload() -> None:
     import sandbox.trace  # noqa: F401
     from gofer import embed, gpu, root, spans  # noqa: F401
     from mounts import driver, elf, ldcache, plan, request, spec  # noqa: F401
-    from sandbox import api, delete_cmd, features_cmd, start_cmd, state_cmd, update_cmd  # noqa: F401
+    from sandbox import api, cdi_cmd, delete_cmd, features_cmd, start_cmd, state_cmd, update_cmd  # noqa: F401
 
 
 def _reap() -> None:

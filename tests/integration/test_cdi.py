@@ -34,7 +34,7 @@ def test_generate_is_deterministic_yaml_or_json_and_lists(driver_root, tmp_path)
     assert yaml.safe_load(first.stdout) == as_json
     assert as_json["cdiVersion"] == "0.5.0" and as_json["kind"] == "nvidia.com/gpu"  # hostPath needs 0.5.0
     hook, = as_json["containerEdits"]["hooks"]
-    assert hook["hookName"] == "createContainer" and hook["args"][-2:] != ["cdi", "hook"]
+    assert hook["hookName"] == "createRuntime" and hook["args"][-2:] != ["cdi", "hook"]
     assert hook["env"] == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
     assert "ldconfig" not in json.dumps(as_json)
     out = tmp_path / "cdi" / "nvidia.yaml"
@@ -50,10 +50,12 @@ def test_generate_is_deterministic_yaml_or_json_and_lists(driver_root, tmp_path)
     assert any(n.startswith("nvidia.com/gpu=GPU-") for n in names)
 
 
-def test_podman_consumes_our_spec(driver_root, tmp_path):
+@pytest.mark.parametrize("served", [False, True], ids=["cold", "warm-server"])
+def test_podman_consumes_our_spec(driver_root, tmp_path, served):
     """podman 4.3 reads /etc/cdi and /var/run/cdi only: in a private mount namespace /run is a
     tmpfs of the test's with the spec in /run/cdi. runc is podman's runtime: our hook alone
-    makes the links and the cache, and the GPU checks pass."""
+    makes the links and the cache, and the GPU checks pass. With the warm server listening
+    at its default socket (in that /run), every hook is its child's work."""
     if subprocess.run(["podman", "--version"], capture_output=True).returncode != 0:
         pytest.skip("podman is not installed")
     spec = generate(driver_root)
@@ -63,7 +65,10 @@ def test_podman_consumes_our_spec(driver_root, tmp_path):
     podman = (f"podman --root {base}/root --runroot {base}/runroot --tmpdir {base}/tmp --storage-driver overlay "
               "--cgroup-manager cgroupfs --events-backend file --runtime runc")
     run = f"{podman} run --rm --network none --ulimit nofile=1024:1024 --ulimit nproc=1024:1024"
-    script = (f"mount -t tmpfs tmpfs /run && mkdir /run/cdi && cp {tmp_path}/nvidia.yaml /run/cdi/ && "
+    log = tmp_path / "server.log"
+    server = (f"({engines.SANDBOX} serve >{log} 2>&1 </dev/null & echo $! >{tmp_path}/server.pid) && "
+              "while [ ! -S /run/gpu-sandbox/hook.sock ]; do sleep 0.02; done && ") if served else ""
+    script = (f"mount -t tmpfs tmpfs /run && mkdir /run/cdi && cp {tmp_path}/nvidia.yaml /run/cdi/ && {server}"
               f"{podman} load -i {fixtures.image_archive()} >/dev/null && "
               f"{run} --device nvidia.com/gpu=all {engines.IMAGE} sh -c '{GPU_SCRIPT}' && echo === && "
               f"{run} --device nvidia.com/gpu=0 {engines.IMAGE} sh -c 'ls /dev/nvidia* /dev/dri/*; "
@@ -75,9 +80,15 @@ def test_podman_consumes_our_spec(driver_root, tmp_path):
         r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], capture_output=True,
                            text=True, timeout=300)
     finally:
+        if served and (tmp_path / "server.pid").exists():
+            os.kill(int((tmp_path / "server.pid").read_text()), 15)
         engines._rm_if_new(parents)
         shutil.rmtree(base, ignore_errors=True)
     assert r.returncode == 0, (r.stdout, r.stderr)
+    if served:  # each container the common hook, and the DRI links of its GPUs (none for the MIG one)
+        hooks = [line for line in log.read_text().splitlines() if line.startswith("sandbox hook serve: ")
+                 and ": exit " in line]
+        assert len(hooks) == 5 and all(": exit 0 in " in line for line in hooks), log.read_text()
     everything, one, mig = r.stdout.split("===\n")
     check_gpu_output(everything)
     assert "/dev/nvidia0" in one.split() and "/dev/nvidia1" not in one.split(), one
@@ -188,14 +199,15 @@ def test_the_hook_serves_nvidias_cdi_names_and_refuses_others(make_bundle, drive
 
 
 def test_cdi_hook_outside_the_containers_mount_namespace_mounts_nothing(make_bundle, tmp_path):
-    """Run by hand (or as prestart) it would mount in the host's tree: refused, nothing left."""
+    """Run by hand with a state naming a process of the host's mount namespace, it would mount
+    in the host's tree: refused, nothing left."""
     bundle = make_bundle(["true"])
     before = mount_table()
     state = json.dumps({"id": "x", "pid": os.getpid(), "bundle": str(bundle)})
     r = subprocess.run([*CLI, "cdi", "hook", "--link", "libx.so.1::/usr/lib/x86_64-linux-gnu/libx.so",
                         "--cache-entry", "libx.so.1::/usr/lib/x86_64-linux-gnu/libx.so.1::0x303"],
                        input=state, capture_output=True, text=True, timeout=30)
-    assert r.returncode == 1 and "refusing to mount here" in r.stderr, r.stderr
+    assert r.returncode == 1 and "refusing to mount into the host's tree" in r.stderr, r.stderr
     assert mount_table() == before
 
 
