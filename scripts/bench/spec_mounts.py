@@ -3,7 +3,8 @@
 medians (issue "faults": 10,000 tmpfs mounts took 7.9 s against runc's 0.7 s):
 
   run     `sandbox run` and `runc run` of a busybox bundle with N tmpfs mounts (N = 1000, 10000)
-  exec    P parallel `exec true` into one running container (P = 50), sandbox and runc
+  exec    P parallel `exec true` into one running container (P = 50), sandbox, sandbox with its
+          warm server (the exec front end, sandbox/frontend.c) and runc
 
 Needs root. BENCH_N sets the run count (default 3), BENCH_MOUNTS the mount counts.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 
+import engines  # noqa: E402
 import fixtures  # noqa: E402
 
 SANDBOX = [str(REPO / ".venv/bin/sandbox")]
@@ -54,10 +56,10 @@ def timed(cmd: list[str]) -> float:
     return (time.perf_counter() - t) * 1e3
 
 
-def parallel_execs(runtime: list[str], cid: str, p: int) -> float:
+def parallel_execs(runtime: list[str], cid: str, p: int, env: dict) -> float:
     t = time.perf_counter()
-    procs = [subprocess.Popen([*runtime, "exec", cid, "true"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for _ in range(p)]
+    procs = [subprocess.Popen([*runtime, "exec", cid, "true"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=env) for _ in range(p)]
     codes = [q.wait() for q in procs]
     if any(codes):
         raise SystemExit(f"exec failed: {codes}")
@@ -83,13 +85,21 @@ def main() -> None:
         sleeper.mkdir()
         (sleeper / "config.json").write_text(json.dumps(spec))
         runtimes = {"sandbox": [*SANDBOX, "--root", str(work / "s")], "runc": ["runc", "--root", str(work / "r")]}
+        server = engines.WarmServer(work / "warm")
+        envs = {"sandbox": dict(os.environ, SANDBOX_SERVER=""), "runc": dict(os.environ),
+                "sandbox+server": dict(os.environ, SANDBOX_SERVER=str(server.path))}
         for rt in runtimes.values():
             subprocess.run([*rt, "run", "-d", "-b", str(sleeper), "x"], check=True, stdin=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=envs["sandbox"])
         try:
-            for _ in range(runs):
-                for name, rt in runtimes.items():
-                    results.setdefault(f"{name}: 50 parallel exec", []).append(parallel_execs(rt, "x", 50))
+            with server:
+                for _ in range(runs):
+                    for name, env in envs.items():
+                        rt = runtimes[name.split("+")[0]]
+                        results.setdefault(f"{name}: 50 parallel exec", []).append(parallel_execs(rt, "x", 50, env))
+                served = sum(" exec " in line for line in server.log.read_text().splitlines())
+                if served < 50 * runs:
+                    raise SystemExit(f"the warm server planned {served} execs, not {50 * runs}: {server.log}")
         finally:
             for rt in runtimes.values():
                 subprocess.run([*rt, "delete", "--force", "x"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
