@@ -346,8 +346,8 @@ def _run_verb(conn, request: dict, fds: list[int]) -> int:
     except Exception as e:
         if frontend is None or not isinstance(e, Decline) or frontend.planned:
             raise
-        _decline(conn, str(e), read=False)
-        os.write(log, f"sandbox serve: exec declined: {e}\n".encode())
+        os.dup2(log, 2)  # (the decline's line goes to our log, not the caller's stderr)
+        _decline(conn, f"exec: {e}", read=False)
         return 0
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -400,6 +400,11 @@ def _run_hook(conn, data: bytes) -> int:
 def _decline(conn, why: str, read: bool = True) -> None:
     """Tell the client to do the work itself (it then runs as if no server listened)."""
     from sandbox.jsonlite import dumps
+
+    try:
+        os.write(2, f"sandbox serve: declined: {why}\n".encode())
+    except OSError:
+        pass
 
     if read:
         try:

@@ -62,7 +62,8 @@ class WarmServer:
 
     def served(self) -> int:
         """How many verbs it has served so far."""
-        return sum(1 for line in self.log.read_text().splitlines() if line.startswith("sandbox serve: "))
+        return sum(1 for line in self.log.read_text().splitlines()
+                   if line.startswith("sandbox serve: ") and ": exit " in line)
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -301,4 +301,4 @@ def test_exec_the_front_end_cannot_plan_runs_in_python(server, make_bundle, tmp_
         assert (r.returncode, r.stdout.splitlines()[-1]) == (0, "denied"), r.stderr
     finally:
         verb("", "--root", root, "delete", "--force", "f1")
-    assert "exec declined: seccomp flags or a listener" in log.read_text()
+    assert "declined: exec: seccomp flags or a listener" in log.read_text()
