@@ -1,7 +1,7 @@
 """Device rules as a cgroup v2 eBPF program (BPF_PROG_TYPE_CGROUP_DEVICE), the way runc
 emulates the v1 devices controller there: the rules in order, the last one that matches a
 request decides, and a request no rule matches is denied. Pure: rules in, instructions
-out; gofer/cgroups.py loads and attaches them.
+out; gofer/cgroups/v2.py loads and attaches them.
 
 The kernel calls the program with r1 = struct bpf_cgroup_dev_ctx {u32 access_type (access
 << 16 | type); u32 major; u32 minor}; it returns 1 to allow, 0 to deny. The registers:

@@ -2,7 +2,7 @@
 a transient scope unit that systemd makes over D-Bus (jeepney), under a slice, with the
 container's first process in it and the limits as unit properties; what systemd has no
 property for is written to the unit's cgroup files directly, as the cgroupfs driver writes
-them (gofer/cgroups.py).
+them (gofer/cgroups/).
 
 ``linux.cgroupsPath`` is ``slice:prefix:name``: the unit is ``prefix-name.scope`` in
 ``slice`` (``system.slice`` when empty; ``a-b.slice`` lives in ``a.slice``), or the slice
@@ -244,7 +244,7 @@ def resource_properties(r, v2: bool) -> list[tuple[str, tuple[str, object]]]:
 
 
 def device_properties(rules) -> list[tuple[str, tuple[str, object]]]:
-    """DevicePolicy and DeviceAllow for our ordered rules (gofer/cgroups.py Rule: the last
+    """DevicePolicy and DeviceAllow for our ordered rules (gofer/cgroups/common.py rules: the last
     match decides): an allow-all makes the policy auto; otherwise strict, with an entry per
     allowed node or major that no later deny takes back (a wildcard major is "char-*": every
     major /proc/devices lists). A major without a name there is left to our rules alone:
@@ -290,8 +290,8 @@ def _majors() -> dict[tuple[str, int], str]:
 
 
 class SystemdCgroup:
-    """The container's cgroup as a transient unit: the same face as gofer/cgroups.py's
-    Cgroup and Cgroup2 (create, apply, add, allow, seal, remove, dirs, created), the unit
+    """The container's cgroup as a transient unit: the same face as gofer/cgroups/ v1.py's and v2.py's
+    CgroupV1 and CgroupV2 (create, apply, add, allow, seal, remove, dirs, created), the unit
     started at add(), once the first process is known."""
 
     def __init__(self, cgroups_path: str | None, cid: str):
@@ -302,7 +302,7 @@ class SystemdCgroup:
         self.dirs: dict[str, str] = {}
         self.created: list[str] = []  # what we made ourselves: controllers systemd does not manage
         self.resources = self.devices = None
-        self.fs: cgroups.Cgroup | cgroups.Cgroup2 | None = None
+        self.fs: cgroups.CgroupV1 | cgroups.CgroupV2 | None = None
         self.gpu_nodes: list[tuple[int, int]] = []
 
     def missing(self) -> list[str]:
@@ -326,11 +326,11 @@ class SystemdCgroup:
         try:
             if self.v2:
                 self.dirs = {"unified": os.path.join(cgroups.ROOT, group.lstrip("/"))}
-                self.fs = cgroups.Cgroup2("", dirs=self.dirs)
+                self.fs = cgroups.CgroupV2("", dirs=self.dirs)
             else:
                 self.dirs = {ctrl: os.path.join(os.path.realpath(os.path.join(cgroups.ROOT, ctrl)), group.lstrip("/"))
                              for ctrl in cgroups.own_cgroups()}
-                self.fs = cgroups.Cgroup("", dirs=self.dirs)
+                self.fs = cgroups.CgroupV1("", dirs=self.dirs)
                 # the controllers systemd leaves alone (cpuset, freezer ...): made as cgroupfs
                 # makes them (a cpuset from its parent's), and joined
                 self.fs.create()

@@ -19,7 +19,7 @@ import sys
 
 import msgspec
 
-from mounts import cdi
+from mounts import cdi, cdi_generate
 from mounts.errors import BundleError, SandboxError
 
 
@@ -48,7 +48,7 @@ def generate(args) -> int:
     client = os.path.join(os.path.dirname(sys.executable), "sandbox-hook")  # (scripts/setup builds it)
     if os.access(client, os.X_OK):
         hook = [client, *hook]  # the warm server's client, which execs the Python hook without one
-    spec = cdi.generate(inventory, hook, HOOK_ENV)
+    spec = cdi_generate.generate(inventory, hook, HOOK_ENV)
     if args.format == "json":
         text = msgspec.json.format(msgspec.json.encode(spec), indent=2).decode() + "\n"
     else:

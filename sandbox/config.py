@@ -13,7 +13,6 @@ that is not there means the defaults (an explicit --config must exist).
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
 from mounts.errors import SandboxError
 
@@ -21,10 +20,13 @@ DEFAULT_PATH = "/etc/gpu-sandbox/config.toml"
 KEYS = {"driver-root", "dev-root", "capabilities"}
 
 
-class Config(NamedTuple):
-    driver_root: str = "/"
-    dev_root: str | None = None
-    capabilities: str | None = None
+class Config:
+    """The file's values (a plain class: the verbs that resolve no config import no typing)."""
+
+    __slots__ = ("driver_root", "dev_root", "capabilities")
+
+    def __init__(self, driver_root: str = "/", dev_root: str | None = None, capabilities: str | None = None):
+        self.driver_root, self.dev_root, self.capabilities = driver_root, dev_root, capabilities
 
 
 def load_config(flag: str | None = None) -> Config:
@@ -58,3 +60,37 @@ def load_config(flag: str | None = None) -> Config:
 
         parse_capabilities(table["capabilities"], f"{path}: capabilities")
     return Config(table.get("driver-root", "/"), table.get("dev-root"), table.get("capabilities"))
+
+
+def resolve(args) -> None:
+    """Fill what the command line (sandbox/flags.py) left open: the config file's driver root, device root and
+    capability ceiling, then the defaults; runc's run (ID) or ours (BUNDLE)."""
+    if getattr(args, "root", None) is None:
+        from sandbox.flags import DEFAULT_ROOT
+
+        args.root = DEFAULT_ROOT
+    if args.verb in ("create", "run", "plan", "hook", "cdi"):
+        conf = load_config(args.config)
+        if args.driver_root is None:
+            args.driver_root = conf.driver_root
+        if args.dev_root is None:
+            args.dev_root = conf.dev_root
+        args.max_capabilities = conf.capabilities
+        if args.verb == "hook" and args.capabilities is None:
+            args.capabilities = conf.capabilities
+    if args.verb == "run":
+        # runc's `run [-b B] ID`, or ours: `run BUNDLE` (a directory, or anything with a /,
+        # which no container id has: a missing bundle is then said to be one)
+        if args.bundle is None and ("/" in args.target or os.path.isdir(args.target)):
+            args.bundle = args.target
+            args.container_id = args.id
+        else:
+            args.container_id = args.target
+            if args.bundle is None and not os.path.exists("config.json"):
+                from mounts.errors import BundleError
+
+                raise BundleError(f"{args.target}: no such bundle directory, and the current directory "
+                                  f"{os.getcwd()} has no config.json for runc's `run ID` (sandbox run BUNDLE, "
+                                  "or run -b BUNDLE ID)")
+    elif args.verb == "create":
+        args.detach = True

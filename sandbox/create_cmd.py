@@ -27,7 +27,7 @@ def main(args, gofer: Gofer | None = None) -> int:
         try:
             write_trace(started.trace, spans.items + started.spans)
         except SandboxError as e:
-            from sandbox.cli import warn
+            from sandbox.messages import warn
 
             warn(str(e))
     return 0

@@ -56,7 +56,7 @@ def main(args) -> int:
         try:
             run_hooks(state.hooks("poststop"), "poststop", state_json(state.id, "stopped", 0, state.bundle, state.annotations))
         except SandboxError as e:
-            from sandbox.cli import warn
+            from sandbox.messages import warn
 
             warn(str(e))
     sd.remove()

@@ -27,7 +27,7 @@
 #include "server_wire.h"
 
 #ifndef REPLY_TIMEOUT
-#define REPLY_TIMEOUT 60 /* s: hook_server.REPLY_TIMEOUT (tests build it shorter) */
+#define REPLY_TIMEOUT 60 /* s: server_client.REPLY_TIMEOUT (tests build it shorter) */
 #endif
 
 /* The Python hook, with the state it would have read on stdin. Never returns. */

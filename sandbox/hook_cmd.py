@@ -38,10 +38,6 @@ class ContainerState(msgspec.Struct):
 def main(args) -> int:
     if args.action == "install":
         return install(args)
-    if args.action == "serve":
-        from sandbox.hook_server import serve
-
-        return serve(args)
     return run_hook(args, sys.stdin.buffer.read())
 
 

@@ -47,65 +47,7 @@ from __future__ import annotations
 import os
 import sys
 
-SOCKET = "/run/gpu-sandbox/hook.sock"  # (the hook's first; the launcher's too: $SANDBOX_SERVER)
-MAX_REQUEST = 1 << 20
-SERVED = ("state", "kill", "delete", "start", "list", "ps", "features", "update")
-
-
-def _server_path(argv: list[str]) -> str:
-    for i, a in enumerate(argv[:-1]):
-        if a == "--server":
-            return argv[i + 1]
-    return SOCKET
-
-
-def forward(argv: list[str]) -> int | None:
-    """Have the server run this hook; None where no server listens (do it here)."""
-    import _socket  # the C module alone: `socket` (enum, selectors) is 5 ms of a 15 ms hook
-
-    from sandbox.jsonlite import dumps, loads
-
-    if "--trace" in argv:
-        return None  # a trace is written by the hook itself, never by the server for it
-    path = _server_path(argv)
-    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
-    try:
-        s.settimeout(1.0)  # a full listen queue or a server that does not accept: do it here
-        s.connect(path)
-        _pid, uid, _gid = _unpack_cred(s.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12))
-        if uid != 0:
-            raise OSError("the server is not root's")
-        state = sys.stdin.buffer.read()
-        sys.stdin = _replay(state)  # should the server be of no use, the hook reads it again here
-        s.sendall(dumps({"argv": argv, "stdin": state.decode("utf-8", "surrogateescape")}).encode())
-        s.settimeout(REPLY_TIMEOUT)
-        reply = s.recv(MAX_REQUEST)
-    except OSError:
-        # no server, not root's, a state too big for one message, no answer in time: do it
-        # here (a server's child still at work holds the container: we wait, then see it done)
-        return None
-    finally:
-        s.close()
-    if not reply:
-        print(f"sandbox hook: the hook server at {path} died before it answered", file=sys.stderr)
-        return 1
-    answer = loads(reply.decode())
-    if answer.get("fallback"):
-        return None  # the server declined: the hook does the work itself
-    if answer["error"]:
-        print(f"sandbox hook: {answer['error']}", file=sys.stderr)
-    return answer["code"]
-
-
-def _unpack_cred(data: bytes) -> tuple[int, int, int]:
-    return int.from_bytes(data[0:4], "little", signed=True), int.from_bytes(data[4:8], "little"), \
-        int.from_bytes(data[8:12], "little")
-
-
-def _replay(data: bytes):
-    import io
-
-    return io.TextIOWrapper(io.BytesIO(data))
+from sandbox.server_client import MAX_REQUEST, SERVED, SOCKET, unpack_cred
 
 
 def _trusted_peer(conn) -> bool:
@@ -114,7 +56,7 @@ def _trusted_peer(conn) -> bool:
     root, may not have us widen a container's device rules, mount into it or signal it)."""
     import socket
 
-    pid, uid, _gid = _unpack_cred(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    pid, uid, _gid = unpack_cred(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     if uid != 0 or pid <= 0:
         return False
     try:
@@ -139,16 +81,12 @@ def _trusted_peer(conn) -> bool:
 
 MAX_CHILDREN = 64  # hooks served at once; more are told to do the work themselves
 REQUEST_TIMEOUT = 2.0  # s for a client to send its request (ours send it right after connect)
-REPLY_TIMEOUT = 60.0  # s a client waits for the answer, then does the work itself
 DECLINE_WAIT = 0.1  # s for the request of a client we decline
 
 
-def main(args) -> int:
-    return serve(args)
-
-
-def serve(args) -> int:
-    """`sandbox serve [--server PATH]` (or `sandbox hook serve`): listen until SIGTERM or SIGINT."""
+def serve(args, main) -> int:
+    """`sandbox serve [--server PATH]` (or `sandbox hook serve`): listen until SIGTERM or SIGINT.
+    ``main`` is the CLI's (sandbox/cli.py): a served verb's child runs it."""
     import signal
 
     from mounts.errors import SandboxError
@@ -195,7 +133,7 @@ def serve(args) -> int:
                     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
                     code = 1
                     try:
-                        code = _handle(conn)
+                        code = _handle(conn, main)
                     except BaseException as e:  # never back into the accept loop
                         print(f"sandbox hook serve: {e}", file=sys.stderr)
                     finally:
@@ -282,7 +220,7 @@ def _receive(conn):
     return data, fds
 
 
-def _handle(conn) -> int:
+def _handle(conn, main) -> int:
     """In the forked child: one request, answered on ``conn``."""
     from sandbox.jsonlite import loads
 
@@ -292,23 +230,23 @@ def _handle(conn) -> int:
     except (ValueError, UnicodeError):
         request = None
     if isinstance(request, dict) and "verb" in request:
-        return _run_verb(conn, request, fds)
+        return _run_verb(conn, request, fds, main)
     for fd in fds:
         os.close(fd)
     return _run_hook(conn, data)
 
 
-def _run_verb(conn, request: dict, fds: list[int]) -> int:
+def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     """A verb of SERVED, as the launcher would have run it: its stdio, cwd, umask, environment."""
     import signal
     import time
 
-    from sandbox import cli
+    from sandbox import flags
     from sandbox.jsonlite import dumps
 
     t = time.monotonic()
     argv, cwd, umask, env = request.get("verb") or [], request.get("cwd"), request.get("umask"), request.get("env")
-    verb = cli.verb_of(argv) if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
+    verb = flags.verb_of(argv) if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
     if not ((verb in SERVED or verb == "exec") and isinstance(cwd, str) and isinstance(umask, int) and 0 <= umask <= 0o777 and isinstance(env, list)
             and all(isinstance(e, str) and "=" in e for e in env) and len(fds) == 3):
         _decline(conn, "a request the launcher does not send", read=False)
@@ -332,7 +270,7 @@ def _run_verb(conn, request: dict, fds: list[int]) -> int:
         # exec answers with a plan (or an error's code) for the launcher to carry out
         from sandbox.exec_frontend import Decline, Frontend
 
-        lean = cli.lean_args(argv)
+        lean = flags.lean_args(argv)
         if lean is None or lean.tty or lean.console_socket:  # (before exec_cmd connects to a console socket)
             _decline(conn, "a terminal, or a command line for argparse", read=False)
             return 0
@@ -340,7 +278,7 @@ def _run_verb(conn, request: dict, fds: list[int]) -> int:
     else:
         conn.sendall(b'{"running": true}')  # from here on the verb is ours: died, the launcher may not redo it
     try:
-        code = cli.main(argv, frontend)
+        code = main(argv, frontend)
     except SystemExit as e:  # argparse: an error (2) or --help (0)
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except Exception as e:
@@ -365,7 +303,8 @@ def _run_hook(conn, data: bytes) -> int:
     import time
 
     from mounts.errors import SandboxError
-    from sandbox import cli, hook_cmd
+    from sandbox import flags, hook_cmd
+    from sandbox.config import resolve
     from sandbox.jsonlite import dumps, loads
 
     t = time.monotonic()
@@ -374,7 +313,7 @@ def _run_hook(conn, data: bytes) -> int:
     code, error, cid = 1, "", "?"
     try:
         request = loads(data.decode())
-        args = cli.hook_args(request["argv"]) or cli.cdi_hook_args(request["argv"])
+        args = flags.hook_args(request["argv"]) or flags.cdi_hook_args(request["argv"])
         if args is None or getattr(args, "trace", None):  # (a trace is the hook's own to write: never ours)
             _decline(conn, "arguments only the hook itself reads", read=False)
             return 0
@@ -385,7 +324,7 @@ def _run_hook(conn, data: bytes) -> int:
 
             code = cdi_cmd.hook(args, state)
         else:
-            cli._resolve(args)
+            resolve(args)
             code = hook_cmd.run_hook(args, state)
     except (SandboxError, OSError) as e:
         code, error = (e.exit_code if isinstance(e, SandboxError) else 1), str(e)

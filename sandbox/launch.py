@@ -111,7 +111,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                 spec, request, warnings = resolve(spec, opts.gpus, opts.capabilities, opts.max_capabilities,
                                                   opts.cdi_spec_dirs)
                 for w in warnings:
-                    from sandbox.cli import warn
+                    from sandbox.messages import warn
 
                     warn(w)
                 assert spec.process is not None  # (CDI edits keep it)
@@ -275,7 +275,7 @@ def _cgroup(spec, opts: Options, gofer: int, sd):
         if not _own_pid_ns(spec):
             raise SandboxError(f"linux.cgroupsPath: {where} already has {len(found)} process(es) and the "
                                "container has no pid namespace of its own: refusing to share the cgroup")
-        from sandbox.cli import warn
+        from sandbox.messages import warn
 
         warn(f"linux.cgroupsPath: {where} is not empty: {len(found)} process(es) found (they are not the "
              "container's: kill --all and delete --force leave them)")

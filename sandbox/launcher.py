@@ -5,7 +5,7 @@ over pip's console script; `sandbox hook install` puts the same program in a hoo
 
 It is sandbox/launcher.c, built here with the interpreter and the program baked in: it runs
 the interpreter from a read-only view of itself (CVE-2019-5736, see there), and has the warm
-server run the verbs that start no process (SERVED, sandbox/hook_server.py). Without a C
+server run the verbs that start no process (SERVED, sandbox/server_client.py). Without a C
 compiler it is a ``#!`` script, and sandbox/sealed.py seals the verbs that need it.
 
     python -m sandbox.launcher PATH [--strip DESTDIR]
@@ -57,8 +57,8 @@ def write_launcher(path: str, strip: str = "") -> None:
     import subprocess
     import tempfile
 
-    from sandbox.cli import GLOBAL_VALUES
-    from sandbox.hook_server import SERVED
+    from sandbox.flags import GLOBAL_VALUES
+    from sandbox.server_client import SERVED
 
     tmp = f"{path}.tmp{os.getpid()}"
     cc = shutil.which("cc") or shutil.which("gcc")

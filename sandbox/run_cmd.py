@@ -102,7 +102,7 @@ def _warn_hooks(run_hooks, hooks, stage: str, state: bytes) -> None:
     try:
         run_hooks(hooks, stage, state)
     except SandboxError as e:
-        from sandbox.cli import warn
+        from sandbox.messages import warn
 
         warn(str(e))
 

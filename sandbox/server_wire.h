@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_REQUEST (1 << 20) /* hook_server.MAX_REQUEST */
+#define MAX_REQUEST (1 << 20) /* server_client.MAX_REQUEST */
 #define DEFAULT_SOCKET "/run/gpu-sandbox/hook.sock"
 
 struct buf { char *p; size_t n, cap; };

@@ -40,6 +40,6 @@ def release(sd: StateDir, state: State) -> None:
                                                               state.annotations))
         except SandboxError as e:
 
-            from sandbox.cli import warn
+            from sandbox.messages import warn
 
             warn(str(e))

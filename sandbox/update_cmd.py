@@ -18,7 +18,7 @@ _SIZE = re.compile(r"(-?\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?", re.IGNORECASE)
 
 
 def main(args) -> int:
-    from sandbox.cli import UPDATE_FLAGS
+    from sandbox.flags import UPDATE_FLAGS
 
     state = StateDir(args.root, args.container_id).load()
     if state.status not in ("running", "created"):

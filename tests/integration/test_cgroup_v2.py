@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from gofer.cgroups import Cgroup2
+from gofer.cgroups import CgroupV2
 from gofer.devfilter import Rule
 from tests.integration.helpers import sandbox
 
@@ -74,7 +74,7 @@ def _mknod_bundle(make_bundle, script: str, env=(), path: str | None = None):
 def test_the_kernel_runs_the_rules_as_v1_would(rules, expect):
     """The program for each rule list, attached to a real v2 cgroup, and a child in it
     opening real nodes: the last matching rule decides, access letters are subsets."""
-    cg = Cgroup2(f"sandbox-devfilter-{os.getpid()}", root=_v2_root())
+    cg = CgroupV2(f"sandbox-devfilter-{os.getpid()}", root=_v2_root())
     cg.create()
     try:
         cg.rules = [Rule(False), *rules]

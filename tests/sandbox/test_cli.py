@@ -2,7 +2,7 @@
 
 import pytest
 
-from sandbox.cli import lean_args, parser
+from sandbox.flags import lean_args, parser
 
 SAME = [
     ["start", "c1"], ["--root", "/r", "state", "c1"], ["kill", "c1"], ["kill", "--all", "c1", "KILL"],

@@ -75,7 +75,7 @@ def test_bad_env_value_exit_2(make_bundle, driver_root):
 
 
 def test_hook_command_line_without_argparse():
-    from sandbox.cli import hook_args, parser
+    from sandbox.flags import hook_args, parser
 
     argv = ["hook", "--driver-root", "/d", "--trace", "/t.json"]
     fast, full = hook_args(argv), parser().parse_args(argv)

@@ -1,0 +1,124 @@
+"""What both cgroup layouts share: where the hierarchies are, our own cgroups, the device
+rules a container gets, the directory a cgroupsPath names, writing one file, and the names
+of linux.resources fields both conversions use."""
+
+from __future__ import annotations
+
+import os
+
+from gofer.devfilter import Rule
+from mounts.errors import SandboxError
+
+ROOT = "/sys/fs/cgroup"
+# What every container may use (runc's list): mknod of anything (the rules still govern
+# opening), the standard nodes, ptys, the console, tun.
+DEFAULT_ALLOW = (Rule(True, "c", None, None, "m"), Rule(True, "b", None, None, "m"),
+                 *(Rule(True, "c", 1, n) for n in (3, 5, 7, 8, 9)), *(Rule(True, "c", 5, n) for n in (0, 1, 2)),
+                 Rule(True, "c", 136, None), Rule(True, "c", 10, 200))
+
+
+def unified(root: str = ROOT) -> bool:
+    """Whether ``root`` is a cgroup v2 hierarchy (the whole layout on a unified host)."""
+    return os.path.exists(os.path.join(root, "cgroup.controllers"))
+
+
+def own_cgroups(pid: int | str = "self") -> dict[str, str]:
+    """{hierarchy: path} of ``pid``'s v1 cgroups, by the directory each hierarchy is mounted
+    at under ROOT: its controller, or its name (name=systemd at systemd). The container gets
+    a cgroup of its own in every one, named ones included, as under runc: the container is
+    shown only its own (gofer/rootfs.py), never the caller's or a hierarchy's root."""
+    out = {}
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for c in controllers.split(","):
+                name = c.removeprefix("name=")
+                if name and os.path.ismount(os.path.realpath(os.path.join(ROOT, name))):  # cpu -> cpu,cpuacct
+                    out[name] = path
+    return out
+
+
+def own_unified(pid: int | str = "self") -> str:
+    """``pid``'s cgroup in the v2 hierarchy (the ``0::`` line)."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            if line.startswith("0::"):
+                return line[3:].rstrip("\n")
+    raise SandboxError(f"/proc/{pid}/cgroup: no cgroup v2 entry")
+
+
+def device_rules(resources, devices) -> list[Rule]:
+    """The container's rules in order: deny all, linux.resources.devices, runc's defaults,
+    the linux.devices nodes (the plan's GPU nodes come after, through allow())."""
+    rules = [Rule(False)]
+    for r in (resources.devices if resources is not None else []):
+        if (r.type or "a") == "a":  # every device, whatever numbers or letters follow (v1's and runc's reading)
+            rules.append(Rule(r.allow))
+            continue
+        major = None if r.major is None or r.major < 0 else r.major
+        minor = None if r.minor is None or r.minor < 0 else r.minor
+        rules.append(Rule(r.allow, r.type, major, minor, r.access or "rwm"))
+    rules += DEFAULT_ALLOW
+    for d in devices:
+        kind = {"u": "c", "p": None}.get(d.type, d.type)
+        if kind in ("c", "b"):
+            rules.append(Rule(True, kind, d.major or 0, d.minor or 0))
+    return rules
+
+
+def below(root: str, mine: str, path: str) -> str:
+    """The cgroup directory for cgroupsPath ``path`` under hierarchy ``root``: absolute, or
+    relative to ``mine``; never above the root."""
+    rel = os.path.normpath("/" + (path if path.startswith("/") else os.path.join(mine, path))).lstrip("/")
+    if not rel:  # (normpath of "/..." never climbs above "/")
+        raise SandboxError(f"linux.cgroupsPath {path!r}: not a cgroup below the root")
+    return os.path.join(root, rel)
+
+
+def write_file(d: str, name: str, value: str, what: str = "") -> None:
+    """One value into the cgroup file ``d/name``; errors name the file (and the spec field)."""
+    path = os.path.join(d, name)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise SandboxError(f"{what or 'linux.resources'}: {path}: no such file (is the "
+                           f"{name.split('.')[0]} controller available here?)", op="cgroup", path=path) from None
+    except OSError as e:
+        raise SandboxError(f"{path}: {e.strerror}", op="cgroup", path=path) from None
+    try:
+        os.write(fd, value.encode())
+    except OSError as e:
+        raise SandboxError(f"{what + ': ' if what else ''}{path}: cannot write {value!r}: {e.strerror}",
+                           op="cgroup", path=path) from None
+    finally:
+        os.close(fd)
+
+
+def hierarchy(d: str) -> str:
+    """The root of the cgroup hierarchy ``d`` is in (the mount point above it)."""
+    while d != "/" and not os.path.ismount(d):
+        d = os.path.dirname(d)
+    return d
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+THROTTLE = (("throttle_read_bps_device", "read_bps"), ("throttle_write_bps_device", "write_bps"),
+            ("throttle_read_iops_device", "read_iops"), ("throttle_write_iops_device", "write_iops"))
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.title() for w in rest)
+
+
+def rdma(dev: str, limit) -> str:
+    parts = [dev]
+    if limit.hca_handles is not None:
+        parts.append(f"hca_handle={limit.hca_handles}")
+    if limit.hca_objects is not None:
+        parts.append(f"hca_object={limit.hca_objects}")
+    return " ".join(parts)
