@@ -22,6 +22,7 @@ from mounts.errors import SandboxError
 PRIVATE = "unix:path=/run/systemd/private"  # systemd's own socket (root's; no dbus-daemon needed)
 SYSTEMD = ("org.freedesktop.systemd1", "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager")
 JOB_TIMEOUT = 30.0  # s for systemd to start or stop a unit (runc's)
+NUDGE = 0.05  # s of silence after which Bus.ask pings systemd (see there)
 
 
 def running() -> bool:
@@ -87,8 +88,7 @@ class Bus:
         from jeepney.wrappers import DBusErrorResponse, unwrap_msg
 
         try:
-            reply = self.conn.send_and_get_reply(new_method_call(self.manager, method, signature, body),
-                                                 timeout=timeout)
+            reply = self.ask(new_method_call(self.manager, method, signature, body), timeout)
             return unwrap_msg(reply)
         except DBusErrorResponse as e:
             raise SystemdError(e.name, f"systemd {method} {what}: {e.name}: {' '.join(map(str, e.data))}") from None
@@ -102,12 +102,37 @@ class Bus:
         (path,) = self.call("GetUnit", "s", unit, what=unit, timeout=5)
         obj = DBusAddress(path, bus_name=SYSTEMD[0], interface=interface)
         try:
-            (value,) = unwrap_msg(self.conn.send_and_get_reply(Properties(obj).get(name), timeout=5))
+            (value,) = unwrap_msg(self.ask(Properties(obj).get(name), 5))
         except DBusErrorResponse as e:
             raise SystemdError(e.name, f"systemd: {unit} {name}: {e.name}") from None
         except TimeoutError:
             raise NoAnswer(f"systemd: {unit} {name}: no answer in 5 s") from None
         return value[1]
+
+    def ask(self, message, timeout: float):
+        """send_and_get_reply, nudging systemd while it is silent. systemd 252 (sd-bus as a
+        server) leaves a message it read in the same chunk as the connection's BEGIN unhandled
+        until something else wakes it (seen under strace here: GetUnit read, no reply, the
+        reply only once the client hung up), so every NUDGE of silence a Peer.Ping is sent:
+        its arrival has systemd handle what it holds."""
+        from jeepney import DBusAddress, new_method_call
+        from jeepney.low_level import HeaderFields
+
+        peer = DBusAddress("/", bus_name=SYSTEMD[0], interface="org.freedesktop.DBus.Peer")
+        deadline = time.monotonic() + timeout
+        serial = next(self.conn.outgoing_serial)
+        self.conn.send_message(message, serial=serial)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            try:
+                reply = self.conn.receive(timeout=min(left, NUDGE))
+            except TimeoutError:
+                self.conn.send_message(new_method_call(peer, "Ping"), serial=next(self.conn.outgoing_serial))
+                continue
+            if reply.header.fields.get(HeaderFields.reply_serial, -1) == serial:
+                return reply
 
     def close(self) -> None:
         self.conn.close()
