@@ -24,6 +24,7 @@ from gofer.root import Root
 from gofer.spans import Spans
 from mounts import actions as A
 from mounts.errors import SandboxError
+from mounts.proc import exit_code
 
 # After pivot_root nothing can be imported (the container has no Python): import up front.
 _traceback = __import__("traceback") if os.environ.get("SANDBOX_DEBUG") else None
@@ -142,11 +143,10 @@ def _wait_pid1(child: int, parent: int, pinned: Leftovers | None) -> None:
     if os.getppid() != parent:  # it died before the new PDEATHSIG was set
         orphaned(ORPHANED, None)
     _, status = os.waitpid(child, 0)
-    # Killed by signal N: exit 128+N, the status runc reports (SIGKILL from the OOM killer
-    # gives 137). Re-raising the signal on ourselves instead would dump our core for
-    # SIGSEGV and do nothing for signals whose default is to be ignored.
-    code = os.waitstatus_to_exitcode(status)
-    os._exit(128 - code if code < 0 else code & 0xFF)
+    # Killed by signal N: exit 128+N, the status runc reports. Re-raising the signal on
+    # ourselves instead would dump our core for SIGSEGV and do nothing for signals whose
+    # default is to be ignored. (exit_code imported at the top: after pivot_root nothing can be)
+    os._exit(exit_code(status))
 
 
 def run(sock: socket.socket, t_spawn: int, parent: int) -> None:

@@ -25,7 +25,7 @@ import stat
 
 from gofer import syscalls as sc
 from mounts.errors import MountError
-from mounts.paths import file_kind
+from mounts.paths import MAX_LINKS, file_kind
 
 O_PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 RESOLVE = sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_MAGICLINKS
@@ -159,7 +159,7 @@ class Root:
                 if stat.S_ISLNK(os.fstat(fd).st_mode):
                     os.close(fd)
                     links += 1
-                    if links > 40:
+                    if links > MAX_LINKS:
                         raise sc.SyscallError(errno.ELOOP, "open (walk)", unsafe_path)
                     target = os.readlink(part, dir_fd=stack[-1])
                     if target.startswith("/"):

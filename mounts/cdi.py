@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from mounts.errors import BundleError
+from mounts.spec import names_cdi
 
 SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0")
@@ -208,16 +209,16 @@ def requests_of(annotations: dict[str, str], visible: str | None) -> tuple[list[
     for key in sorted(annotations):
         if key.startswith(ANNOTATION):
             names += [n.strip() for n in annotations[key].split(",") if n.strip()]
-    if visible is not None and "=" in visible and "/" in visible:
+    if visible is not None and names_cdi(visible):
         entries = [e.strip() for e in visible.split(",") if e.strip()]
         for e in entries:
             # the toolkit's convention is for NVIDIA's devices; any other vendor's (host
             # mounts, hooks) is asked for by annotation, which pod authors do not write alone
-            if "=" in e and "/" in e and not e.startswith("nvidia.com/"):
+            if names_cdi(e) and not e.startswith("nvidia.com/"):
                 raise BundleError(f"NVIDIA_VISIBLE_DEVICES: {e!r}: only nvidia.com devices are asked for here "
                                   "(other CDI devices: the cdi.k8s.io/ annotations)")
-        names += [e for e in entries if "=" in e and "/" in e]
-        rest = [e for e in entries if not ("=" in e and "/" in e)]
+        names += [e for e in entries if names_cdi(e)]
+        rest = [e for e in entries if not names_cdi(e)]
         visible = ",".join(rest) if rest else None
     seen: list[str] = []
     for n in names:

@@ -25,3 +25,10 @@ def start_time(pid: int, pdir: int | None = None) -> int | None:
     if not fields or fields[0] in (b"Z", b"X"):
         return None
     return int(fields[19])
+
+
+def exit_code(status: int) -> int:
+    """A wait status as runc reports it: the exit code, or 128+N when killed by signal N (the
+    OOM killer's SIGKILL: 137)."""
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code

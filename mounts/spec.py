@@ -63,6 +63,12 @@ SCHED_FLAGS = {"SCHED_FLAG_RESET_ON_FORK": 0x01, "SCHED_FLAG_RECLAIM": 0x02, "SC
 PERSONALITY_DOMAINS = {"LINUX": 0x0000, "LINUX32": 0x0008}
 
 
+def names_cdi(value: str) -> bool:
+    """Whether ``value`` (an NVIDIA_VISIBLE_DEVICES entry, or the whole list) holds a CDI
+    device's qualified name, vendor.com/class=dev (the toolkit's convention)."""
+    return "=" in value and "/" in value
+
+
 class Process(_S, frozen=True):
     args: Annotated[list[str], msgspec.Meta(min_length=1)]
     cwd: str = ""  # required by runc: an empty or relative one is refused (mounts/bundle.py)
@@ -313,7 +319,7 @@ class Spec(_S, frozen=True):
         """Whether a CDI device is asked for (mounts/cdi.py reads which): a cdi.k8s.io/
         annotation, or a qualified name (vendor.com/class=dev) in NVIDIA_VISIBLE_DEVICES."""
         visible = (self.process.getenv("NVIDIA_VISIBLE_DEVICES") if self.process else None) or ""
-        return any(k.startswith("cdi.k8s.io/") for k in self.annotations) or ("=" in visible and "/" in visible)
+        return any(k.startswith("cdi.k8s.io/") for k in self.annotations) or names_cdi(visible)
 
 
 # sysctls that belong to a namespace, by the namespace that must be the container's own

@@ -45,10 +45,9 @@ def main(args) -> int:
         with open(path + ".bak", "w") as f:
             f.write(old)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.{os.urandom(8).hex()}"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), "w") as f:
-        f.write(new)
-    os.replace(tmp, path)
+    from sandbox.atomic import write_atomically
+
+    write_atomically(path, new.encode(), f"sandbox configure {engine}")
     what = "the default runtime" if args.default else "a runtime"
     print(f"{path}: {engine} has {args.name!r} ({exe}) as {what}" + (f"; the old file is {path}.bak" if old else "")
           + f": {RESTART[engine]}")

@@ -90,7 +90,8 @@ def _process(args, spec, bundle: str) -> Process:
 
 def _wait(pid: int) -> int:
     """Our adopted process's exit status (128+N for signal N); signals forwarded to it."""
-    from sandbox.launch import exit_code, forward_signals
+    from mounts.proc import exit_code
+    from sandbox.launch import forward_signals
 
     forward_signals(pid)
     _, status = os.waitpid(pid, 0)

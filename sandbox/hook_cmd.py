@@ -118,9 +118,8 @@ def install(args) -> int:
         if not hooks[stage]:
             del hooks[stage]
     hooks.setdefault(args.stage, []).append(entry)
-    tmp = f"{config}.{os.urandom(8).hex()}"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), "w") as f:
-        json.dump(spec, f, indent=2)
-    os.replace(tmp, config)
+    from sandbox.atomic import write_atomically
+
+    write_atomically(config, json.dumps(spec, indent=2).encode(), "hook install")
     print(f"added sandbox hook ({args.stage}) to {config}")
     return 0

@@ -9,6 +9,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from mounts.proc import exit_code
 from sandbox.fork import Gofer
 
 if TYPE_CHECKING:  # imported where used, for start-up time
@@ -368,34 +369,10 @@ def _gofer_died(pid: int):
     return SandboxError(f"the gofer {how} before the container started")
 
 
-def exit_code(status: int) -> int:
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
 
 
 def write_pid_file(path: str, pid: int) -> None:
     """The init's pid, written atomically (engines read it as soon as we exit)."""
+    from sandbox.atomic import write_atomically
+
     write_atomically(path, str(pid).encode(), "--pid-file")
-
-
-def write_atomically(path: str, data: bytes, what: str) -> None:
-    """``data`` at ``path`` whole or not at all (a one-line error naming ``what``)."""
-    from mounts.errors import SandboxError
-
-    path = os.path.abspath(path)
-    # a fresh name, created exclusively and never through a link: the directory may be
-    # writable by others, who could plant a link at a name they can guess (our pid)
-    tmp = f"{path}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise SandboxError(f"{what} {path}: {e.strerror}") from None

@@ -12,8 +12,9 @@ import os
 import signal
 import time
 
+from mounts.proc import exit_code
 from sandbox.fork import Gofer, spawn_gofer
-from sandbox.launch import exit_code, forward_signals, launch, options, write_pid_file
+from sandbox.launch import forward_signals, launch, options, write_pid_file
 
 
 def main(args, gofer: Gofer | None = None) -> int:
