@@ -299,6 +299,7 @@ class CRI:
 
     def __init__(self, base: Path, driver_root: Path, trace: bool = True, pause_with_mount_points: bool = False,
                  systemd: bool = False):
+        self.edit_config = None  # a last change to config.toml before containerd reads it (path -> None)
         self.base = Path(base)
         self.driver_root = Path(driver_root)
         self.trace = trace  # the sandbox wrapper keeps each failing call's argv and log
@@ -387,6 +388,8 @@ class CRI:
         self.host_paths = {p: os.path.exists(p) for p in ("/run/containerd", "/var/lib/containerd", "/etc/cni",
                                                            "/opt/cni", "/var/log/pods", "/var/run/netns")}
         self._write_config()
+        if self.edit_config is not None:
+            self.edit_config(self.base / "config.toml")
         self.log = open(self.base / "containerd.log", "w")
         self.proc = subprocess.Popen(["containerd", "--config", str(self.base / "config.toml")],
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)

@@ -117,3 +117,44 @@ def test_docker_runs_a_gpu_container_with_sandbox_as_its_default(tmp_path_factor
     finally:
         if getattr(eng, "proc", None) is not None:
             eng.stop()
+
+
+def test_containerd_runs_a_gpu_pod_with_the_handler_configure_wrote(tmp_path_factory, driver_root, monkeypatch):
+    """containerd's CRI config (scripts/cri.py's) with its sandbox handler taken out; configure
+    puts one back; containerd reads it and runs a GPU pod through it (the driver root from our
+    config file, which containerd's environment names)."""
+    import cri as cri_mod
+    import tomlkit
+
+    if shutil.which("containerd") is None:
+        pytest.skip("containerd is not installed")
+    base = tmp_path_factory.mktemp("ccfg")
+    ours = base / "sandbox.toml"
+    ours.write_text(f'driver-root = "{driver_root}"\n')
+    monkeypatch.setenv("SANDBOX_CONFIG", str(ours))  # containerd's, and so its shims' and ours
+
+    def edit(path):
+        doc = tomlkit.parse(path.read_text())
+        del doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["sandbox"]
+        path.write_text(tomlkit.dumps(doc))
+        assert SANDBOX not in path.read_text()
+        r = configure("containerd", "--config", str(path))
+        assert r.returncode == 0 and "restart" in r.stdout, r.stderr
+        doc = tomlkit.parse(path.read_text())  # the runtime's state under the test's dir, not /run/containerd
+        doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["sandbox"]["options"]["Root"] = \
+            str(base / "sandbox-root")
+        path.write_text(tomlkit.dumps(doc))
+
+    c = cri_mod.CRI(base / "c", driver_root, trace=False)
+    c.edit_config = edit
+    try:
+        c.start()
+        pod = c.run_pod("configured", "sandbox")
+        cid = c.run_container(pod, "gpu", ["ls", "/dev/nvidia0"], env={"NVIDIA_VISIBLE_DEVICES": "all"})
+        st = c.wait_exited(cid, timeout=30)
+        log = c.container_log(pod, "gpu")
+        assert (st.exit_code, log.split()) == (0, ["/dev/nvidia0"]), (st, log)
+        assert not c.teardown_pod(pod)
+    finally:
+        problems = c.stop()
+    assert not problems, problems
