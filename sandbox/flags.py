@@ -44,9 +44,107 @@ UPDATE_FLAGS = {
     "--kernel-memory-tcp": "memory.kernelTCP", "--memory": "memory.limit", "--memory-reservation":
     "memory.reservation", "--memory-swap": "memory.swap", "--pids-limit": "pids.limit",
     "--l3-cache-schema": "intelRdt", "--mem-bw-schema": "intelRdt"}
-# Global options that take a value (scanned before argparse, to find the verb early).
-GLOBAL_VALUES = ("--root", "--log", "--log-format", "--driver-root", "--dev-root", "--config", "--criu",
-                 "--rootless", "--cdi-spec-dir")
+
+# The flags, one table: (names, dest, kind, default, help, lean, metavar). kind: "bool",
+# "str", "int", "strs" (given again: one more), "ints", "size" (a tmpfs size), or a tuple
+# of the values allowed. parser() builds argparse from it; lean_args (lean: True) reads the
+# verbs an engine runs per container from the same rows, and takes every row's default.
+ROOTS = (
+    (("--root",), "root", "str", None, f"state directory (default {DEFAULT_ROOT})", True, None),
+    (("--driver-root",), "driver_root", "str", None, "where the driver is installed (default /, or the config file's)",
+     True, None),
+    (("--dev-root",), "dev_root", "str", None, "where the kernel module's dev/ and proc/ are (default: the driver "
+     "root)", True, None),
+)
+TOP: tuple[tuple[Any, ...], ...] = ROOTS + (
+    (("--log",), "log", "str", None, "append errors (and --debug lines) to this file", True, None),
+    (("--log-format",), "log_format", ("text", "json"), "text", None, True, None),
+    (("--debug",), "debug", "bool", False, "print a traceback with errors", True, None),
+    (("--systemd-cgroup",), "systemd_cgroup", "bool", False,
+     "the systemd cgroup manager: linux.cgroupsPath is slice:prefix:name, a transient scope unit", True, None),
+    (("--config",), "config", "str", None, "config file (default $SANDBOX_CONFIG, else /etc/gpu-sandbox/config.toml)",
+     True, None),
+    (("--cdi-spec-dir",), "cdi_spec_dir", "strs", [], "CDI specs here too (after /etc/cdi and /var/run/cdi)", False,
+     "DIR"),
+    (("--criu",), "criu", "str", None, "accepted for runc's sake; checkpointing is not supported", False, None),
+    (("--rootless",), "rootless", "str", None, "accepted for runc's sake; sandbox runs as root", False, None),
+)
+GPU = (
+    (("--gpus",), "gpus", "str", None, "override NVIDIA_VISIBLE_DEVICES (all, none, indices, UUIDs, bus ids, MIG "
+     "devices)", True, None),
+    (("--capabilities",), "capabilities", "str", None, "override NVIDIA_DRIVER_CAPABILITIES", True, None),
+)
+CREATE = (
+    (("-b", "--bundle"), "bundle", "str", None, "the bundle directory (default: the current directory)", True, None),
+    (("--pid-file",), "pid_file", "str", None, "write the container's init pid here", True, None),
+    (("--console-socket",), "console_socket", "str", None, "unix socket that receives the pty master "
+     "(process.terminal)", True, None),
+    (("--preserve-fds",), "preserve_fds", "int", 0, "pass fds 3..3+N-1 on to the container", True, "N"),
+    (("--no-pivot",), "no_pivot", "bool", False, "accepted for runc's sake; we always pivot_root", True, None),
+    (("--no-new-keyring",), "no_new_keyring", "bool", False, "accepted; no session keyring is made", True, None),
+    (("--trace",), "trace", "str", None, "write a Chrome trace-event JSON of the startup", True, "FILE"),
+    (("--scratch-size",), "scratch_size", "size", None,
+     "cap of the tmpfs holding a GPU container's writes to its root (default 256m)", False, "SIZE"),
+) + GPU
+VERB_FLAGS: dict[str, tuple[tuple[Any, ...], ...]] = {
+    "create": CREATE,
+    "run": CREATE + (
+        (("-d", "--detach"), "detach", "bool", False, "create and start, then return", True, None),
+        (("--keep",), "keep", "bool", False, "accepted; a foreground run deletes the container at exit", True, None),
+        (("--id",), "id", "str", None, "(sandbox run BUNDLE) container id (default: the bundle directory's name)",
+         True, None)),
+    "start": (), "state": (),
+    "kill": ((("-a", "--all"), "all", "bool", False, "signal every process of the container", True, None),),
+    "delete": ((("-f", "--force"), "force", "bool", False, "kill it first if it is running", True, None),),
+    "list": ((("-q", "--quiet"), "quiet", "bool", False, "ids only", True, None),
+             (("-f", "--format"), "format", ("table", "json"), "table", None, True, None)),
+    "ps": ((("-f", "--format"), "format", ("table", "json"), "table", None, True, None),),
+    "exec": (
+        (("-p", "--process"), "process", "str", None, "a JSON file with the process to run (runtime-spec Process)",
+         True, None),
+        (("-d", "--detach"), "detach", "bool", False, "return once the process started", True, None),
+        (("--pid-file",), "pid_file", "str", None, "write the new process's pid here", True, None),
+        (("--console-socket",), "console_socket", "str", None, "unix socket that receives the pty master", True, None),
+        (("-t", "--tty"), "tty", "bool", False, "allocate a pty", True, None),
+        (("--cwd",), "cwd", "str", None, "working directory in the container", True, None),
+        (("-e", "--env"), "env", "strs", [], "K=V added to the environment", True, None),
+        (("-u", "--user"), "user", "str", None, "UID[:GID]", True, None),
+        (("--additional-gids", "-g"), "additional_gids", "ints", [], None, True, None),
+        (("-c", "--cap"), "cap", "strs", [], "add a capability", True, None),
+        (("--no-new-privs",), "no_new_privs", "bool", False, None, True, None),
+        (("--preserve-fds",), "preserve_fds", "int", 0, None, True, None),
+        (("--apparmor",), "apparmor", "str", None, "the AppArmor profile to exec under (refused where AppArmor is "
+         "off)", True, None),
+        (("--process-label",), "process_label", "str", None, "the SELinux label to exec under (refused where SELinux "
+         "is off)", True, None)),
+}
+POSITIONAL_DEFAULTS: dict[str, dict[str, Any]] = {"kill": {"signal": "TERM"}, "exec": {"args": []}}
+# Global options that take a value (scanned before argparse, to find the verb early; the
+# launcher, sandbox/launcher.c, is built with this list).
+GLOBAL_VALUES = tuple(name for names, _, kind, *_ in TOP if kind != "bool" for name in names)
+
+
+def _add(p, rows, suppress: bool = False) -> None:
+    """argparse arguments for ``rows`` of the table (``suppress``: no default of their own,
+    for the globals repeated after the verb)."""
+    import argparse
+
+    for names, dest, kind, default, help_, _lean, metavar in rows:
+        kw: dict[str, Any] = {"dest": dest, "help": help_,
+                              "default": argparse.SUPPRESS if suppress else ([] if kind in ("strs", "ints") else default)}
+        if kind == "bool":
+            kw["action"] = "store_true"
+        elif kind in ("strs", "ints"):
+            kw["action"] = "append"
+        if kind in ("int", "ints"):
+            kw["type"] = int
+        elif kind == "size":
+            kw["type"] = _size
+        elif isinstance(kind, tuple):
+            kw["choices"] = list(kind)
+        if metavar:
+            kw["metavar"] = metavar
+        p.add_argument(*names, **kw)
 
 
 def _size(value: str) -> str:
@@ -59,36 +157,8 @@ def _size(value: str) -> str:
     return value
 
 
-def _globals(p, suppress: bool) -> None:
-    """Options accepted before the verb (runc's place) and, for the old interface, after it."""
-    import argparse
-
-    d = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
-    p.add_argument("--root", default=d(None), help=f"state directory (default {DEFAULT_ROOT})")
-    p.add_argument("--driver-root", default=d(None), help="where the driver is installed (default /, or the config file's)")
-    p.add_argument("--dev-root", default=d(None), help="where the kernel module's dev/ and proc/ are (default: the driver root)")
-
-
 def _container(p, ids: str = "container_id") -> None:
     p.add_argument(ids, metavar="ID", help="the container's id")
-
-
-def _gpu_options(p) -> None:
-    p.add_argument("--gpus", help="override NVIDIA_VISIBLE_DEVICES (all, none, indices, UUIDs, bus ids, MIG devices)")
-    p.add_argument("--capabilities", help="override NVIDIA_DRIVER_CAPABILITIES")
-
-
-def _create_options(p) -> None:
-    p.add_argument("-b", "--bundle", help="the bundle directory (default: the current directory)")
-    p.add_argument("--pid-file", help="write the container's init pid here")
-    p.add_argument("--console-socket", help="unix socket that receives the pty master (process.terminal)")
-    p.add_argument("--preserve-fds", type=int, default=0, metavar="N", help="pass fds 3..3+N-1 on to the container")
-    p.add_argument("--no-pivot", action="store_true", help="accepted for runc's sake; we always pivot_root")
-    p.add_argument("--no-new-keyring", action="store_true", help="accepted; no session keyring is made")
-    p.add_argument("--trace", metavar="FILE", help="write a Chrome trace-event JSON of the startup")
-    p.add_argument("--scratch-size", type=_size, metavar="SIZE",
-                   help="cap of the tmpfs holding a GPU container's writes to its root (default 256m)")
-    _gpu_options(p)
 
 
 def parser():
@@ -107,17 +177,7 @@ def parser():
 
     ap = Parser(prog="sandbox", description="Run OCI containers with the host's NVIDIA GPUs, as runc runs them "
                 "(the same verbs and flags, for podman, Docker and containerd), plus verbs of our own.")
-    _globals(ap, suppress=False)
-    ap.add_argument("--log", help="append errors (and --debug lines) to this file")
-    ap.add_argument("--log-format", choices=["text", "json"], default="text")
-    ap.add_argument("--debug", action="store_true", help="print a traceback with errors")
-    ap.add_argument("--systemd-cgroup", action="store_true",
-                    help="the systemd cgroup manager: linux.cgroupsPath is slice:prefix:name, a transient scope unit")
-    ap.add_argument("--config", help="config file (default $SANDBOX_CONFIG, else /etc/gpu-sandbox/config.toml)")
-    ap.add_argument("--cdi-spec-dir", action="append", default=[], metavar="DIR",
-                    help="CDI specs here too (after /etc/cdi and /var/run/cdi)")
-    ap.add_argument("--criu", help="accepted for runc's sake; checkpointing is not supported")
-    ap.add_argument("--rootless", help="accepted for runc's sake; sandbox runs as root")
+    _add(ap, TOP)
     class Version(argparse.Action):
         def __call__(self, parser, namespace, values, option_string=None):
             print(version_text())
@@ -127,48 +187,19 @@ def parser():
                     help="version, commit, spec, libseccomp")
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    p = sub.add_parser("create", help=VERBS["create"])
-    _globals(p, suppress=True)
-    _create_options(p)
-    _container(p)
-
-    p = sub.add_parser("run", help=VERBS["run"])
-    _globals(p, suppress=True)
-    _create_options(p)
-    p.add_argument("-d", "--detach", action="store_true", help="create and start, then return")
-    p.add_argument("--keep", action="store_true", help="accepted; a foreground run deletes the container at exit")
-    p.add_argument("--id", help="(sandbox run BUNDLE) container id (default: the bundle directory's name)")
-    p.add_argument("target", metavar="ID|BUNDLE",
-                   help="a container id (runc's run, bundle from -b or the cwd), or a bundle directory")
-
-    p = sub.add_parser("start", help=VERBS["start"])
-    _globals(p, suppress=True)
-    _container(p)
-
-    p = sub.add_parser("state", help=VERBS["state"])
-    _globals(p, suppress=True)
-    _container(p)
-
-    p = sub.add_parser("kill", help=VERBS["kill"])
-    _globals(p, suppress=True)
-    p.add_argument("-a", "--all", action="store_true", help="signal every process of the container")
-    _container(p)
-    p.add_argument("signal", nargs="?", default="TERM")
-
-    p = sub.add_parser("delete", help=VERBS["delete"])
-    _globals(p, suppress=True)
-    p.add_argument("-f", "--force", action="store_true", help="kill it first if it is running")
-    _container(p)
-
-    p = sub.add_parser("list", help=VERBS["list"])
-    _globals(p, suppress=True)
-    p.add_argument("-q", "--quiet", action="store_true", help="ids only")
-    p.add_argument("-f", "--format", choices=["table", "json"], default="table")
-
-    p = sub.add_parser("ps", help=VERBS["ps"])
-    _globals(p, suppress=True)
-    p.add_argument("-f", "--format", choices=["table", "json"], default="table")
-    _container(p)
+    for verb, rows in VERB_FLAGS.items():
+        p = sub.add_parser(verb, help=VERBS[verb])
+        _add(p, ROOTS, suppress=True)
+        _add(p, rows)
+        if verb == "run":
+            p.add_argument("target", metavar="ID|BUNDLE",
+                           help="a container id (runc's run, bundle from -b or the cwd), or a bundle directory")
+        elif verb != "list":
+            _container(p)
+        if verb == "kill":
+            p.add_argument("signal", nargs="?", default="TERM")
+        elif verb == "exec":
+            p.add_argument("args", nargs=argparse.REMAINDER, help="the command (unless --process)")
 
     p = sub.add_parser("configure", help=VERBS["configure"])
     p.add_argument("engine", choices=["docker", "podman", "containerd"])
@@ -178,42 +209,23 @@ def parser():
     p.add_argument("--path", help="the sandbox executable (default: this installation's)")
 
     p = sub.add_parser("update", help=VERBS["update"])
-    _globals(p, suppress=True)
+    _add(p, ROOTS, suppress=True)
     p.add_argument("-r", "--resources", metavar="FILE", help="linux.resources as JSON ('-': stdin)")
     for flag, what in UPDATE_FLAGS.items():
         p.add_argument(flag, metavar="VALUE", help=what)
     _container(p)
 
-    p = sub.add_parser("exec", help=VERBS["exec"])
-    _globals(p, suppress=True)
-    p.add_argument("-p", "--process", help="a JSON file with the process to run (runtime-spec Process)")
-    p.add_argument("-d", "--detach", action="store_true", help="return once the process started")
-    p.add_argument("--pid-file", help="write the new process's pid here")
-    p.add_argument("--console-socket", help="unix socket that receives the pty master")
-    p.add_argument("-t", "--tty", action="store_true", help="allocate a pty")
-    p.add_argument("--cwd", help="working directory in the container")
-    p.add_argument("-e", "--env", action="append", default=[], help="K=V added to the environment")
-    p.add_argument("-u", "--user", help="UID[:GID]")
-    p.add_argument("--additional-gids", "-g", action="append", type=int, default=[])
-    p.add_argument("-c", "--cap", action="append", default=[], help="add a capability")
-    p.add_argument("--no-new-privs", action="store_true")
-    p.add_argument("--preserve-fds", type=int, default=0)
-    p.add_argument("--apparmor", help="the AppArmor profile to exec under (refused where AppArmor is off)")
-    p.add_argument("--process-label", help="the SELinux label to exec under (refused where SELinux is off)")
-    _container(p)
-    p.add_argument("args", nargs=argparse.REMAINDER, help="the command (unless --process)")
-
     p = sub.add_parser("features", help=VERBS["features"])
 
     p = sub.add_parser("plan", help=VERBS["plan"])
-    _globals(p, suppress=True)
+    _add(p, ROOTS, suppress=True)
     p.add_argument("bundle")
-    _gpu_options(p)
+    _add(p, GPU)
     p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
 
     p = sub.add_parser("cdi", help=VERBS["cdi"])
     p.add_argument("action", choices=["generate", "list", "hook"])
-    _globals(p, suppress=True)
+    _add(p, ROOTS, suppress=True)
     p.add_argument("--cdi-spec-dir", action="append", default=argparse.SUPPRESS, metavar="DIR",
                    help="(list) CDI specs here too")
     p.add_argument("--output", "-o", metavar="FILE", help="(generate) write the spec there, not to stdout")
@@ -236,7 +248,7 @@ def parser():
     p.add_argument("action", nargs="?", choices=["install", "serve"],
                    help="install: add the hook to a bundle; serve: run a warm hook server")
     p.add_argument("bundle", nargs="?", help="(install) the bundle whose config.json gets the hook")
-    _globals(p, suppress=True)
+    _add(p, ROOTS, suppress=True)
     p.add_argument("--capabilities", help="capabilities allowed at most (default: any)")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace-event JSON of the hook")
     p.add_argument("--stage", choices=["prestart", "createRuntime"], default="createRuntime",
@@ -283,55 +295,28 @@ def cdi_hook_args(argv: list[str]):
     return types.SimpleNamespace(verb="cdi", action="hook", **ns)
 
 
-# The verbs an engine runs once per container, with their flags: parsed without argparse
-# (--scratch-size, --cdi-spec-dir and anything else rare take the full parser).
-_CREATE = {"-b": "bundle", "--bundle": "bundle", "--pid-file": "pid_file", "--console-socket": "console_socket",
-           "--preserve-fds": "preserve_fds", "--no-pivot": "no_pivot", "--no-new-keyring": "no_new_keyring",
-           "--trace": "trace", "--gpus": "gpus", "--capabilities": "capabilities"}
-LEAN_FLAGS = {"start": {}, "state": {}, "kill": {"-a": "all", "--all": "all"},
-              "delete": {"-f": "force", "--force": "force"},
-              "list": {"-q": "quiet", "--quiet": "quiet", "-f": "format", "--format": "format"},
-              "ps": {"-f": "format", "--format": "format"},
-              "create": _CREATE,
-              "run": {**_CREATE, "-d": "detach", "--detach": "detach", "--keep": "keep", "--id": "id"},
-              "exec": {"-p": "process", "--process": "process", "-d": "detach", "--detach": "detach",
-                       "--pid-file": "pid_file", "--console-socket": "console_socket", "-t": "tty", "--tty": "tty",
-                       "--cwd": "cwd", "-e": "env", "--env": "env", "-u": "user", "--user": "user",
-                       "-g": "additional_gids", "--additional-gids": "additional_gids", "-c": "cap", "--cap": "cap",
-                       "--no-new-privs": "no_new_privs", "--preserve-fds": "preserve_fds", "--apparmor": "apparmor",
-                       "--process-label": "process_label"}}
-_CREATE_DEFAULTS = {"bundle": None, "pid_file": None, "console_socket": None, "preserve_fds": 0, "no_pivot": False,
-                    "no_new_keyring": False, "trace": None, "scratch_size": None, "gpus": None, "capabilities": None}
-LEAN_DEFAULTS: dict[str, dict[str, Any]] = {
-    "start": {}, "state": {}, "kill": {"all": False, "signal": "TERM"}, "delete": {"force": False},
-    "list": {"quiet": False, "format": "table"}, "ps": {"format": "table"},
-    "create": _CREATE_DEFAULTS,
-    "run": {**_CREATE_DEFAULTS, "detach": False, "keep": False, "id": None},
-    "exec": {"process": None, "detach": False, "pid_file": None, "console_socket": None, "tty": False, "cwd": None,
-             "env": [], "user": None, "additional_gids": [], "cap": [], "no_new_privs": False, "preserve_fds": 0,
-             "apparmor": None, "process_label": None, "args": []}}
-LEAN_GLOBALS = {"--root": "root", "--log": "log", "--log-format": "log_format", "--driver-root": "driver_root",
-                "--dev-root": "dev_root", "--config": "config", "--debug": "debug",
-                "--systemd-cgroup": "systemd_cgroup"}
-# after the verb argparse takes only these of the globals (cli._globals)
-LEAN_AFTER_VERB = {k: v for k, v in LEAN_GLOBALS.items() if k in ("--root", "--driver-root", "--dev-root")}
-_TAKES_VALUE = {"root", "log", "log_format", "driver_root", "dev_root", "config", "format", "bundle", "pid_file",
-                "console_socket", "preserve_fds", "trace", "gpus", "capabilities", "id", "process", "cwd", "env",
-                "user", "additional_gids", "cap", "apparmor", "process_label"}
-_APPENDS = {"env", "additional_gids", "cap"}  # flags given again add to a list
+def _lean(rows) -> dict[str, tuple[str, Any]]:
+    return {name: (dest, kind) for names, dest, kind, _d, _h, lean, _m in rows if lean for name in names}
+
+
+LEAN_GLOBALS = _lean(TOP)
+LEAN_AFTER_VERB = _lean(ROOTS)  # (after the verb argparse takes only these of the globals)
+LEAN_FLAGS = {verb: {**LEAN_AFTER_VERB, **_lean(rows)} for verb, rows in VERB_FLAGS.items()}
+
+
+def _defaults(rows) -> dict[str, Any]:
+    return {dest: ([] if kind in ("strs", "ints") else default) for _n, dest, kind, default, *_ in rows}
 
 
 def lean_args(argv: list[str]):
-    """The command line of the verbs an engine runs per container (LEAN_FLAGS), read
+    """The command line of the verbs an engine runs per container (VERB_FLAGS), read
     without argparse (~6 ms of every such call, on a container's critical path for create
     and run). Anything unusual (help, an unknown or abbreviated flag, a missing or extra
     argument) returns None and goes through the full parser, which explains itself; the
     result is the namespace that parser gives (tests/sandbox/test_cli.py compares them)."""
     import types
 
-    ns: dict[str, Any] = {"root": None, "log": None, "log_format": "text", "debug": False, "config": None,
-                          "driver_root": None, "dev_root": None, "systemd_cgroup": False, "cdi_spec_dir": [],
-                          "criu": None, "rootless": None}
+    ns: dict[str, Any] = _defaults(TOP)
     positional: list[str] = []
     verb = None
     i = 0
@@ -342,46 +327,41 @@ def lean_args(argv: list[str]):
             break
         if arg.startswith("--") and "=" in arg:
             arg, value = arg.split("=", 1)
-        table = LEAN_GLOBALS if verb is None else {**LEAN_AFTER_VERB, **LEAN_FLAGS[verb]}
+        table = LEAN_GLOBALS if verb is None else LEAN_FLAGS[verb]
         if arg in table:
-            key = table[arg]
-            if key in _TAKES_VALUE:
+            key, kind = table[arg]
+            if kind == "bool":
+                if value is not None:
+                    return None
+                ns[key] = True
+            else:
                 if value is None:
                     if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
                         return None  # (argparse takes no value that looks like a flag)
                     i, value = i + 1, argv[i + 1]
-                if key in _APPENDS:
-                    ns[key] = [*ns[key], value]
-                else:
-                    ns[key] = value
-            elif value is not None:
-                return None
-            else:
-                ns[key] = True
+                got: Any = value
+                if kind in ("int", "ints"):
+                    if not value.isascii() or not value.isdigit():
+                        return None  # (argparse says why)
+                    got = int(value)
+                elif isinstance(kind, tuple) and value not in kind:
+                    return None
+                ns[key] = [*ns[key], got] if kind in ("strs", "ints") else got
         elif arg.startswith("-") and arg != "-":
             return None
         elif verb is None:
             if arg not in LEAN_FLAGS:
                 return None
             verb = arg
-            ns = {**LEAN_DEFAULTS[verb], **ns}
+            ns = {**_defaults(VERB_FLAGS[verb]), **POSITIONAL_DEFAULTS.get(verb, {}), **ns}
         else:
             positional.append(arg)
         i += 1
     if verb is None:
         return None
     lo, hi = {"list": (0, 0), "kill": (1, 2)}.get(verb, (1, 1))
-    if verb == "exec":
-        if not all(g.isascii() and g.isdigit() for g in ns["additional_gids"]):
-            return None
-        ns["additional_gids"] = [int(g) for g in ns["additional_gids"]]
-    if not lo <= len(positional) <= hi or ns.get("format", "table") not in ("table", "json") \
-            or ns["log_format"] not in ("text", "json"):
+    if not lo <= len(positional) <= hi:
         return None
-    if "preserve_fds" in ns:
-        if not str(ns["preserve_fds"]).isascii() or not str(ns["preserve_fds"]).isdigit():
-            return None
-        ns["preserve_fds"] = int(ns["preserve_fds"])
     if positional:
         ns["target" if verb == "run" else "container_id"] = positional[0]
     if len(positional) == 2:
