@@ -153,11 +153,8 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
         if tell_r is not None and filt is not None:  # (tell_r is only made with a filt)
             filt.pid = int(os.read(tell_r, 32))
             filt.state = {"ociVersion": OCI_VERSION, "status": "running", "pid": init_pid}
-        if console is not None:
-            process.open_console(console, proc)
-        process.set_scheduling(proc, personality, "late")  # SCHED_DEADLINE, which forbids our fork
-        process.become(proc, filt)
-        process.exec_process(proc, entry, pdeathsig=False, seccomp=filt)
+        # SCHED_DEADLINE ("late") forbids our fork: the rest of the scheduling came before it
+        process.tail(proc, console, personality, "late", filt, entry=entry, pdeathsig=False)
     except BaseException as e:
         msg = str(e) or type(e).__name__
         code = e.exit_code if isinstance(e, SandboxError) else 1

@@ -289,39 +289,40 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     root.close()
 
     proc = spec.process
-    if console is not None:
-        process.open_console(console, proc)
-    with spans.span("user"):
-        entry = process.look_up(proc)
-        if not in_userns:
-            process.set_rlimits(proc)
-        process.set_scheduling(proc, spec.linux.personality, "late" if in_userns else "all")
-        process.become(proc, filt)
-    # Ready makes us visible to the container's other processes (exec's), in a joined pid
-    # namespace we were from the fork (as runc's init is, its root the host's until
-    # pivot_root): no fd of ours may lead to the host from here on.
-    sc.leave_host_proc()
-    spans.add("exec", time.monotonic_ns())
-    if start.detached:
-        prctl.set_pdeathsig(0)  # before Ready: the supervisor exits as soon as it reads it
-    protocol.send(sock, protocol.Ready(spans.items, host_pid))
-    if fifo is not None:
-        # create: the supervisor records our pid, then says Resume; EOF instead means it
-        # died before any state names us, so nobody could ever start or delete us: give up.
-        if not isinstance(protocol.recv_request(sock), protocol.Resume):
-            raise GoferError("the supervisor exited before recording the container")
-        sock.close()
-        # Wait for start. The FIFO is open read-write, so this read blocks until `sandbox
-        # start` writes its byte (no writer-less EOF can end it early).
-        os.read(fifo, 1)
-        os.close(fifo)
-        global _started
-        _started = True
+    t_user = time.monotonic_ns()
+
+    def ready() -> None:
+        """Between the user change and exec: Ready, and for create the wait for start."""
+        spans.add("user", t_user)
+        # Ready makes us visible to the container's other processes (exec's), in a joined pid
+        # namespace we were from the fork (as runc's init is, its root the host's until
+        # pivot_root): no fd of ours may lead to the host from here on.
+        sc.leave_host_proc()
+        spans.add("exec", time.monotonic_ns())
+        if start.detached:
+            prctl.set_pdeathsig(0)  # before Ready: the supervisor exits as soon as it reads it
+        protocol.send(sock, protocol.Ready(spans.items, host_pid))
+        if fifo is not None:
+            # create: the supervisor records our pid, then says Resume; EOF instead means it
+            # died before any state names us, so nobody could ever start or delete us: give up.
+            if not isinstance(protocol.recv_request(sock), protocol.Resume):
+                raise GoferError("the supervisor exited before recording the container")
+            sock.close()
+            # Wait for start. The FIFO is open read-write, so this read blocks until `sandbox
+            # start` writes its byte (no writer-less EOF can end it early).
+            os.read(fifo, 1)
+            os.close(fifo)
+            global _started
+            _started = True
+
     start_hooks = None
     if hooks is not None and hooks.start_container:
         def start_hooks() -> None:
             run_hooks(hooks.start_container, "startContainer", state)
-    process.exec_process(proc, entry, pdeathsig=not start.detached, seccomp=filt, before_exec=start_hooks)
+    # (in a user namespace of its own, the rlimits and the early scheduling came before it,
+    # with the host's privileges: see the _keeper call above)
+    process.tail(proc, console, spec.linux.personality, "late" if in_userns else "all", filt,
+                 rlimits=not in_userns, ready=ready, pdeathsig=not start.detached, before_exec=start_hooks)
 
 
 def _keeper(sock: socket.socket, start: protocol.Start, parent: int, path: str | None) -> int:

@@ -348,3 +348,25 @@ def exec_process(proc: Process, entry: Entry, pdeathsig: bool = True, seccomp=No
         os.execvpe(proc.args[0], proc.args, env)
     except OSError as e:
         raise ExecError(f"exec {proc.args[0]}: {e.strerror}", op="exec", path=proc.args[0]) from None
+
+
+def tail(proc: Process, console, personality: Personality | None, scheduling: str, seccomp=None, *,
+         entry: Entry | None = None, rlimits: bool = False, ready=None, pdeathsig: bool = True,
+         before_exec=None) -> None:
+    """The process's last steps, the same for the container's init (gofer/main.py) and for
+    exec's process (gofer/enter.py), in runc's order: the console, what the image gives it
+    (cwd, HOME; looked up here unless ``entry`` was, before a fork), the rlimits if they are
+    still to set, the scheduling part left (``scheduling``: set_scheduling's), the user and
+    capabilities; then ``ready()`` (the init: Ready, and the wait for start), and exec.
+    Never returns. sandbox/frontend.c is the same tail in C, for exec's planned process."""
+    if console is not None:
+        open_console(console, proc)
+    if entry is None:
+        entry = look_up(proc)
+    if rlimits:
+        set_rlimits(proc)
+    set_scheduling(proc, personality, scheduling)
+    become(proc, seccomp)
+    if ready is not None:
+        ready()
+    exec_process(proc, entry, pdeathsig=pdeathsig, seccomp=seccomp, before_exec=before_exec)
