@@ -247,10 +247,16 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     t = time.monotonic()
     argv, cwd, umask, env = request.get("verb") or [], request.get("cwd"), request.get("umask"), request.get("env")
     verb = flags.verb_of(argv) if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
-    if not ((verb in SERVED or verb == "exec") and isinstance(cwd, str) and isinstance(umask, int) and 0 <= umask <= 0o777 and isinstance(env, list)
-            and all(isinstance(e, str) and "=" in e for e in env) and len(fds) == 3):
+    if not ((verb in SERVED or verb == "exec") and isinstance(cwd, str) and isinstance(umask, int)
+            and 0 <= umask <= 0o777 and isinstance(env, list) and all(isinstance(e, str) and "=" in e for e in env)
+            and len(fds) == 3):
         _decline(conn, "a request the launcher does not send", read=False)
         return 0
+    if verb == "exec":
+        lean = flags.lean_args(argv)
+        if lean is None or lean.tty or lean.console_socket:  # (before exec_cmd connects to a console socket)
+            _decline(conn, "exec: a terminal, or a command line for argparse", read=False)
+            return 0
     try:
         os.chdir(cwd)
     except OSError as e:
@@ -270,10 +276,6 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
         # exec answers with a plan (or an error's code) for the launcher to carry out
         from sandbox.exec_frontend import Decline, Frontend
 
-        lean = flags.lean_args(argv)
-        if lean is None or lean.tty or lean.console_socket:  # (before exec_cmd connects to a console socket)
-            _decline(conn, "a terminal, or a command line for argparse", read=False)
-            return 0
         frontend = Frontend(conn)
     else:
         conn.sendall(b'{"running": true}')  # from here on the verb is ours: died, the launcher may not redo it

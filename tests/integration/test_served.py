@@ -302,3 +302,18 @@ def test_exec_the_front_end_cannot_plan_runs_in_python(server, make_bundle, tmp_
     finally:
         verb("", "--root", root, "delete", "--force", "f1")
     assert "declined: exec: seccomp flags or a listener" in log.read_text()
+
+
+def test_a_declined_exec_says_nothing_to_the_caller(server, make_bundle, tmp_path):
+    """exec -t (a terminal: Python's exec, not the front end): the same answer as without a
+    server, the decline in the server's log alone."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    _launch(path, root, make_bundle(["sleep", "100"]), "t1", tmp_path)
+    try:
+        here = verb("", "--root", root, "exec", "-t", "t1", "true")
+        warm = verb(path, "--root", root, "exec", "-t", "t1", "true")
+        assert (warm.returncode, warm.stdout, warm.stderr) == (here.returncode, here.stdout, here.stderr)
+    finally:
+        verb("", "--root", root, "delete", "--force", "t1")
+    assert "declined: exec: a terminal" in log.read_text()
