@@ -104,12 +104,9 @@ class Frontend:
             self.conn.settimeout(None)  # (the request's deadline is over; the report comes at exec)
             self.conn.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", sent))])
             self.planned = True
-        finally:
-            for fd in sent:
+        finally:  # (the launcher has its own copies of what was sent)
+            for fd in {*sent, *(fd for fd, _, _ in fds)}:
                 os.close(fd)
-            for fd, _, _ in fds:
-                if fd not in sent:
-                    os.close(fd)
         report = self.conn.recv(65536)
         if not report:
             raise SandboxError("the launcher exited before it reported the process")

@@ -37,9 +37,11 @@ A served verb (state, kill, delete, start, ...) comes from the `sandbox` launche
     verb up, start Python and run the verb itself)
 
 These verbs fork nothing the container runs (poststart and poststop hooks are the spec's
-commands, run to completion), so nothing needs to descend from the engine's process; run,
-create and exec always run in the launcher's own process tree. A server keeps the code it
-started with: restart it after an upgrade.
+commands, run to completion), so nothing needs to descend from the engine's process. exec
+does fork the container's process: its child answers with a plan, not {"running"}, and the
+launcher forks (sandbox/exec_frontend.py, sandbox/frontend.c). run and create always run
+in the launcher's own Python. A server keeps the code it started with: restart it after an
+upgrade.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@
  * and stderr as SCM_RIGHTS, so the server's forked child writes where the verb would, and
  * the exit code comes back. No Python starts here. Where the server is of no use (none
  * listens, it is not root's, it declines, a full queue for a second, an argument that is not
- * UTF-8) the verb runs here as before.
+ * UTF-8) the verb runs here as before. `exec` goes the same way after this program has
+ * re-executed itself from a read-only view of itself: the server answers with a plan that
+ * frontend.c carries out in this process tree (sandbox/exec_frontend.py).
  *
  * sandbox/launcher.py builds this file with SANDBOX_PYTHON (the interpreter, as argv[0]
  * names it), SANDBOX_CODE (the program for -c), SANDBOX_SERVED and SANDBOX_GLOBAL_VALUES
