@@ -27,8 +27,13 @@ def check_mount_namespace(pid: int) -> None:
         theirs, ours = os.stat(f"/proc/{pid}/ns/mnt").st_ino, os.stat("/proc/self/ns/mnt").st_ino
     except OSError as e:
         raise SandboxError(f"pid {pid}: cannot see its mount namespace: {e.strerror}", path=f"/proc/{pid}/ns/mnt") from None
-    if theirs == ours:
-        raise SandboxError(f"pid {pid} shares our mount namespace: it is not a container's init; "
+    try:
+        host = os.stat("/proc/1/ns/mnt").st_ino
+    except OSError:
+        host = None  # (pid 1 hidden: our /proc is a container's)
+    if theirs in (ours, host):
+        whose = "our" if theirs == ours else "pid 1's"
+        raise SandboxError(f"pid {pid} shares {whose} mount namespace: it is not a container's init; "
                            "refusing to mount into the host's tree")
 
 

@@ -109,16 +109,20 @@ def hook(args, state_json: bytes | None = None) -> int:
     if entries:
         actions.append(A.LdCache("", "/etc/ld.so.cache", A.RO_LIB, tuple(entries)))
     bundle = load_bundle(state.bundle)  # (read where the runtime runs us: the bundle is its path)
-    if not _in_a_containers_mount_namespace():
-        join_mount_namespace(state.pid)  # createRuntime: refused if that pid's namespace is ours
+    if not _mount_here(state.pid):
+        join_mount_namespace(state.pid)  # createRuntime, or the warm server's child
     apply_plan(actions, bundle.rootfs)
     return 0
 
 
-def _in_a_containers_mount_namespace() -> bool:
-    """Whether we run in a container's mount namespace, as a createContainer hook does (runc,
-    crun): one that is not the mount namespace of the processes that started us (the
-    runtime's, outside). Otherwise we are in the runtime's (createRuntime, or run by hand)."""
+def _mount_here(pid: int) -> bool:
+    """Where the container's mount namespace is: False where the state's pid is a process
+    we see in another mount namespace (a createRuntime hook, run in the runtime's
+    namespaces, or the warm server's child: join it); True where we are in it already (a
+    createContainer hook: runc and crun run those in the container's mount namespace). That
+    must then be no mount namespace of the host's: not pid 1's, and not that of the
+    processes that started us (the runtime's, outside; the state's pid may name nothing in
+    the /proc we see, so the test is on our ancestors). Anything else is refused."""
     def mnt(p: int | str) -> int | None:
         try:
             return os.stat(f"/proc/{p}/ns/mnt").st_ino
@@ -129,7 +133,9 @@ def _in_a_containers_mount_namespace() -> bool:
         with open(f"/proc/{p}/status", "rb") as f:
             return int(next(line for line in f if line.startswith(b"PPid:")).split()[1])
 
-    ours = mnt("self")
+    ours, theirs = mnt("self"), mnt(pid)
+    if theirs is not None and theirs != ours:
+        return False
     outside, p = False, parent("self")
     for _ in range(64):  # our ancestors, up to where /proc lets us see (pid 1 may be hidden)
         ns = mnt(p)
@@ -139,6 +145,7 @@ def _in_a_containers_mount_namespace() -> bool:
             outside = True
             break
         p = parent(p)
-    # (the state's pid may be the init's in its own pid namespace, where runc runs the hook:
-    # it names nothing in the /proc we see, so the test is on our ancestors alone)
-    return ours is not None and ours != mnt(1) and outside
+    if ours is None or ours == mnt(1) or not outside:
+        raise SandboxError("runs only as a createRuntime hook (the container's init given by the state) or a "
+                           "createContainer hook (in the container's mount namespace); refusing to mount here")
+    return True

@@ -76,6 +76,15 @@ def main() -> int:
                                               f"driver-root={driver}", *run, "-e", "NVIDIA_VISIBLE_DEVICES=all",
                                               engines.IMAGE, "true"],
         }
+        # each GPU variant's container really has the driver: libcuda.so.1 in its ld.so.cache,
+        # which only a hook that worked in the container's mount namespace (or sandbox) wrote
+        for name, cmd in variants.items():
+            if "no GPU" in name:
+                continue
+            check = [*cmd[:-1], "sh", "-c", "grep -c libcuda.so.1 /etc/ld.so.cache"]
+            r = subprocess.run(check, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemExit(f"{name}: the container has no libcuda.so.1 in its ld.so.cache: {r.stderr[-500:]}")
         times: dict[str, list[float]] = {k: [] for k in variants}
         for i in range(N + 1):  # the first round warms caches and is dropped
             for name, cmd in variants.items():

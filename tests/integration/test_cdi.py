@@ -8,7 +8,10 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
+from pathlib import Path
 
 import engines
 import fixtures
@@ -17,6 +20,8 @@ import yaml
 
 from tests.integration.helpers import CLI, mount_table, sandbox, tree
 from tests.integration.test_hook import check_gpu_output
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -207,7 +212,7 @@ def test_cdi_hook_outside_the_containers_mount_namespace_mounts_nothing(make_bun
     r = subprocess.run([*CLI, "cdi", "hook", "--link", "libx.so.1::/usr/lib/x86_64-linux-gnu/libx.so",
                         "--cache-entry", "libx.so.1::/usr/lib/x86_64-linux-gnu/libx.so.1::0x303"],
                        input=state, capture_output=True, text=True, timeout=30)
-    assert r.returncode == 1 and "refusing to mount into the host's tree" in r.stderr, r.stderr
+    assert r.returncode == 1 and "refusing to mount" in r.stderr, r.stderr
     assert mount_table() == before
 
 
@@ -248,3 +253,28 @@ def test_cdi_hook_arguments_are_checked_in_one_line(args, message):
     r = subprocess.run([*CLI, "cdi", "hook", *args], input='{"id":"x","pid":1,"bundle":"/"}',
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_the_hook_finds_the_containers_mount_namespace_by_the_states_pid():
+    """The state's pid decides, not our ancestors: seen in another mount namespace it is
+    joined (createRuntime, the warm server's child, whatever namespaces its parents are in);
+    ours, and ours not the host's, means we are in it (createContainer)."""
+    init = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "30"])
+    try:
+        ours = os.stat("/proc/self/ns/mnt").st_ino
+        deadline = time.monotonic() + 10
+        while os.stat(f"/proc/{init.pid}/ns/mnt").st_ino == ours and time.monotonic() < deadline:
+            time.sleep(0.01)
+        probe = f"from sandbox.cdi_cmd import _mount_here; print(_mount_here({init.pid}))"
+        # from a mount namespace of its own, its parent in another (as a server started inside
+        # a private namespace by a script is): the container's is elsewhere, to be joined
+        r = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", probe],
+                           capture_output=True, text=True, timeout=30, cwd=REPO)
+        assert r.stdout.strip() == "False", r.stderr
+        # in the container's mount namespace itself: mount there
+        r = subprocess.run(["nsenter", "-t", str(init.pid), "-m", sys.executable, "-c", probe],
+                           capture_output=True, text=True, timeout=30, cwd=REPO)
+        assert r.stdout.strip() == "True", r.stderr
+    finally:
+        init.kill()
+        init.wait()
