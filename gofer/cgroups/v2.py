@@ -45,6 +45,10 @@ class CgroupV2(Base):
             for name, value, what in v2_files(resources, lambda f: os.path.exists(os.path.join(d, f))):
                 self._write(d, name, str(value), what)
         self.rules = device_rules(resources, devices)
+        if d not in self.created and _programs(d):
+            # a cgroup that existed may hold an earlier container's program, which would judge
+            # the gofer's own mknods until seal(): the spec's rules replace it now, before Start
+            attach_rules(d, self.rules)
 
     def allow(self, major: int, minor: int) -> None:
         self.rules.append(Rule(True, "c", major, minor, "rw"))
@@ -133,6 +137,17 @@ def _swap_v2(swap: int, limit: int | None) -> int | str:
 def _io_weight(w: int) -> int:
     """blkio's 10..1000 onto io.weight's 1..10000 (runc's map)."""
     return 1 + (min(max(w, 10), 1000) - 10) * 9999 // 990
+
+
+def _programs(directory: str) -> list[int]:
+    """The ids of the device programs attached to the v2 cgroup ``directory``."""
+    from gofer import syscalls as sc
+
+    cg = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return sc.bpf_prog_query(cg, directory)[1]
+    finally:
+        os.close(cg)
 
 
 def attach_rules(directory: str, rules: list[Rule]) -> None:
