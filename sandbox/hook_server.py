@@ -297,8 +297,8 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
         except (OSError, ValueError):
             pass
     conn.sendall(dumps({"code": code}).encode())
-    os.write(log, f"sandbox serve: {' '.join(argv)[:200]}: exit {code} in {(time.monotonic() - t) * 1e3:.1f} ms\n"
-             .encode("utf-8", "replace"))
+    line = f"sandbox serve: {verb}: {' '.join(argv)[:300]}: exit {code} in {(time.monotonic() - t) * 1e3:.1f} ms\n"
+    os.write(log, line.encode("utf-8", "replace"))
     return 0
 
 

@@ -317,3 +317,39 @@ def test_a_declined_exec_says_nothing_to_the_caller(server, make_bundle, tmp_pat
     finally:
         verb("", "--root", root, "delete", "--force", "t1")
     assert "declined: exec: a terminal" in log.read_text()
+
+
+def test_a_kubernetes_pod_with_the_warm_server(tmp_path_factory, driver_root, monkeypatch):
+    """containerd's CRI with SANDBOX_SERVER in its environment (its shims pass it on): a GPU
+    pod starts, ExecSync runs through the exec front end, the container's exit is recorded,
+    the pod stops and goes; the shim's start, kill and delete were the server's."""
+    import shutil
+
+    if shutil.which("containerd") is None:
+        pytest.skip("containerd is not installed")
+    cri_mod = pytest.importorskip("cri")
+    pytest.importorskip("grpc")
+    import engines
+
+    base = tmp_path_factory.mktemp("cri-warm")
+    with engines.WarmServer(base / "warm") as server:
+        monkeypatch.setenv("SANDBOX_SERVER", str(server.path))
+        c = cri_mod.CRI(base / "c", driver_root, trace=False)
+        try:
+            c.start()
+            pod = c.run_pod("warm", "sandbox")
+            cid = c.run_container(pod, "app", ["sleep", "1000"], env={"NVIDIA_VISIBLE_DEVICES": "all"})
+            r = c.exec_sync(cid, ["sh", "-c", "ls /dev/nvidiactl; exit 4"])
+            assert (r.stdout, r.exit_code) == (b"/dev/nvidiactl\n", 4), r
+            done = c.run_container(pod, "done", ["sh", "-c", "exit 3"])
+            st = c.wait_exited(done, timeout=20)
+            assert (st.state, st.exit_code) == (c.api.CONTAINER_EXITED, 3), st
+            assert not c.teardown_pod(pod)
+        finally:
+            problems = c.stop()
+        assert not problems, problems
+        log = server.log.read_text()
+    lines = [line for line in log.splitlines() if ": exit " in line]
+    for verb in ("exec", "start", "kill", "delete"):  # (the shim reads state from its own records)
+        assert any(line.startswith(f"sandbox serve: {verb}: ") for line in lines), (verb, log)
+    assert "declined" not in log, log
