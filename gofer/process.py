@@ -313,6 +313,14 @@ def _enter_cwd(proc: Process, entry: Entry) -> None:
         os.close(entry.cwd)
 
 
+def environment(proc: Process, entry: Entry) -> dict[str, str]:
+    """What the process execs with: the spec's env alone (the last of a name wins), HOME as
+    looked up (sandbox/exec_frontend.py sends the same to the C front end)."""
+    env = dict(item.partition("=")[::2] for item in proc.env)
+    env["HOME"] = entry.home
+    return env
+
+
 def exec_process(proc: Process, entry: Entry, pdeathsig: bool = True, seccomp=None, before_exec=None) -> None:
     """A new session, umask, cwd, HOME, no_new_privs, PDEATHSIG (credential changes cleared
     it), every signal back to its default and none blocked, then execvpe with the spec's
@@ -324,8 +332,7 @@ def exec_process(proc: Process, entry: Entry, pdeathsig: bool = True, seccomp=No
         pass  # already the leader of the session our console made
     os.umask(proc.user.umask if proc.user.umask is not None else DEFAULT_UMASK)
     _enter_cwd(proc, entry)
-    env = dict(item.partition("=")[::2] for item in proc.env)
-    env["HOME"] = entry.home
+    env = environment(proc, entry)
     if proc.no_new_privileges:
         prctl.set_no_new_privs(1)
     if pdeathsig:  # not for a created container: its init outlives the runtime that made it

@@ -93,7 +93,7 @@ class Bus:
         except DBusErrorResponse as e:
             raise SystemdError(e.name, f"systemd {method} {what}: {e.name}: {' '.join(map(str, e.data))}") from None
         except TimeoutError:
-            raise NoAnswer(f"systemd {method} {what}: no answer in {timeout:.0f} s") from None
+            raise SandboxError(f"systemd {method} {what}: no answer in {timeout:.0f} s") from None
 
     def unit_property(self, unit: str, interface: str, name: str):
         from jeepney import DBusAddress, Properties
@@ -106,7 +106,7 @@ class Bus:
         except DBusErrorResponse as e:
             raise SystemdError(e.name, f"systemd: {unit} {name}: {e.name}") from None
         except TimeoutError:
-            raise NoAnswer(f"systemd: {unit} {name}: no answer in 5 s") from None
+            raise SandboxError(f"systemd: {unit} {name}: no answer in 5 s") from None
         return value[1]
 
     def ask(self, message, timeout: float):
@@ -154,10 +154,6 @@ def _direct(address: str):
     return Direct(prep_socket(get_bus(address), False, timeout=1.0))
 
 
-class NoAnswer(SandboxError):
-    pass
-
-
 class SystemdError(SandboxError):
     def __init__(self, name: str, message: str):
         super().__init__(message, op="systemd")
@@ -203,41 +199,35 @@ def set_properties(unit: str, properties: list[tuple[str, tuple[str, object]]]) 
 
 def stop(unit: str) -> None:
     """StopUnit and forget a failed state; a unit already gone (a scope goes by itself when
-    its last process does) is fine. A call left unanswered is retried on a new connection
-    (seen here when the scope went away by itself at that very moment)."""
-    for attempt in range(3):
-        bus = Bus()
+    its last process does) is fine."""
+    bus = Bus()
+    try:
         try:
+            state = bus.unit_property(unit, "org.freedesktop.systemd1.Unit", "ActiveState")
+        except SystemdError:
+            return  # no such unit: gone already
+        if state not in ("inactive", "failed"):
             try:
-                state = bus.unit_property(unit, "org.freedesktop.systemd1.Unit", "ActiveState")
-            except SystemdError:
-                return  # no such unit: gone already
-            if state not in ("inactive", "failed"):
-                try:
-                    bus.call("StopUnit", "ss", unit, "replace", what=unit, timeout=5)
-                except SystemdError as e:
-                    if e.name == "org.freedesktop.systemd1.NoSuchUnit":
-                        return
-                    raise
-                deadline = time.monotonic() + JOB_TIMEOUT
-                while time.monotonic() < deadline:
-                    try:
-                        state = bus.unit_property(unit, "org.freedesktop.systemd1.Unit", "ActiveState")
-                    except SystemdError:
-                        return  # gone
-                    if state in ("inactive", "failed"):
-                        break
-                    time.sleep(0.002)
-            try:
-                bus.call("ResetFailedUnit", "s", unit, what=unit, timeout=5)
-            except SystemdError:
-                pass
-            return
-        except NoAnswer:
-            if attempt == 2:
+                bus.call("StopUnit", "ss", unit, "replace", what=unit, timeout=5)
+            except SystemdError as e:
+                if e.name == "org.freedesktop.systemd1.NoSuchUnit":
+                    return
                 raise
-        finally:
-            bus.close()
+            deadline = time.monotonic() + JOB_TIMEOUT
+            while time.monotonic() < deadline:
+                try:
+                    state = bus.unit_property(unit, "org.freedesktop.systemd1.Unit", "ActiveState")
+                except SystemdError:
+                    return  # gone
+                if state in ("inactive", "failed"):
+                    break
+                time.sleep(0.002)
+        try:
+            bus.call("ResetFailedUnit", "s", unit, what=unit, timeout=5)
+        except SystemdError:
+            pass
+    finally:
+        bus.close()
 
 
 def resource_properties(r, v2: bool) -> list[tuple[str, tuple[str, object]]]:

@@ -95,9 +95,8 @@ class Frontend:
                 sent.append(memfd)
                 os.write(memfd, bpf)
                 records.append(f"seccomp {'late' if proc.no_new_privileges else 'early'}")
-            env = dict(item.partition("=")[::2] for item in proc.env)
-            env["HOME"] = entry.home
-            records += [f"arg {a}" for a in proc.args] + [f"env {k}={v}" for k, v in env.items()]
+            records += [f"arg {a}" for a in proc.args]
+            records += [f"env {k}={v}" for k, v in process.environment(proc, entry).items()]
             data = b"".join(os.fsencode(r) + b"\0" for r in records)
             if any("\0" in r for r in records) or len(data) > MAX_PLAN or len(sent) > MAX_FDS:
                 raise Decline("a plan too big for one message")

@@ -118,6 +118,22 @@ VERB_FLAGS: dict[str, tuple[tuple[Any, ...], ...]] = {
         (("--process-label",), "process_label", "str", None, "the SELinux label to exec under (refused where SELinux "
          "is off)", True, None)),
 }
+# the hook's (and `hook install`'s), and our CDI spec's hook's: read without argparse too
+HOOK: tuple[tuple[Any, ...], ...] = (
+    (("--capabilities",), "capabilities", "str", None, "capabilities allowed at most (default: any)", True, None),
+    (("--trace",), "trace", "str", None, "write a Chrome trace-event JSON of the hook", True, "FILE"),
+    (("--stage",), "stage", ("prestart", "createRuntime"), "createRuntime", "(install) which hook list to add it to",
+     False, None),
+    (("--server",), "server", "str", None, "the warm hook server's socket (default /run/gpu-sandbox/hook.sock; "
+     "tried first, the hook works without it)", True, "SOCKET"),
+)
+CDI_HOOK: tuple[tuple[Any, ...], ...] = (
+    (("--link",), "link", "strs", [], "(hook) a link to make", True, "NAME::PATH"),
+    (("--cache-entry",), "cache_entry", "strs", [], "(hook) an entry of the container's ld.so.cache", True,
+     "KEY::PATH::FLAGS"),
+    (("--file",), "file", "strs", [], "(hook) a loader's file of this content, bound read-only at PATH", True,
+     "PATH::CONTENT"),
+)
 POSITIONAL_DEFAULTS: dict[str, dict[str, Any]] = {"kill": {"signal": "TERM"}, "exec": {"args": []}}
 # Global options that take a value (scanned before argparse, to find the verb early; the
 # launcher, sandbox/launcher.c, is built with this list).
@@ -230,11 +246,7 @@ def parser():
                    help="(list) CDI specs here too")
     p.add_argument("--output", "-o", metavar="FILE", help="(generate) write the spec there, not to stdout")
     p.add_argument("--format", choices=["yaml", "json"], default="yaml", help="(generate) default yaml")
-    p.add_argument("--link", action="append", default=[], metavar="NAME::PATH", help="(hook) a link to make")
-    p.add_argument("--cache-entry", action="append", default=[], metavar="KEY::PATH::FLAGS",
-                   help="(hook) an entry of the container's ld.so.cache")
-    p.add_argument("--file", action="append", default=[], metavar="PATH::CONTENT",
-                   help="(hook) a loader's file of this content, bound read-only at PATH")
+    _add(p, CDI_HOOK)
 
     p = sub.add_parser("trace", help=VERBS["trace"])
     p.add_argument("file")
@@ -249,50 +261,46 @@ def parser():
                    help="install: add the hook to a bundle; serve: run a warm hook server")
     p.add_argument("bundle", nargs="?", help="(install) the bundle whose config.json gets the hook")
     _add(p, ROOTS, suppress=True)
-    p.add_argument("--capabilities", help="capabilities allowed at most (default: any)")
-    p.add_argument("--trace", metavar="FILE", help="write a Chrome trace-event JSON of the hook")
-    p.add_argument("--stage", choices=["prestart", "createRuntime"], default="createRuntime",
-                   help="(install) which hook list to add it to")
-    p.add_argument("--server", metavar="SOCKET", help="the warm hook server's socket "
-                   "(default /run/gpu-sandbox/hook.sock; tried first, the hook works without it)")
+    _add(p, HOOK)
     return ap
 
 
-HOOK_OPTIONS = ("--driver-root", "--dev-root", "--capabilities", "--trace", "--server")
+def _options(argv: list[str], rows) -> dict[str, Any] | None:
+    """``--flag value`` pairs of the table's ``rows`` (their lean ones), as argparse would
+    read them, over every row's default; None for anything else."""
+    table = _lean(rows)
+    ns = _defaults(rows)
+    if len(argv) % 2:
+        return None
+    for flag, value in zip(argv[::2], argv[1::2], strict=True):
+        if flag not in table or value.startswith("-"):
+            return None
+        key, kind = table[flag]
+        ns[key] = [*ns[key], value] if kind == "strs" else value
+    return ns
 
 
 def hook_args(argv: list[str]):
-    """The hook's command line as `hook install` writes it, read without argparse: argparse
-    (and the shutil, gettext, lzma it pulls in) is ~11 ms of every container start under a
-    runtime. Anything else returns None and goes through the full parser."""
+    """The hook's command line as `hook install` writes it (ROOTS and HOOK), read without
+    argparse: argparse (and the shutil, gettext, lzma it pulls in) is ~11 ms of every
+    container start under a runtime. Anything else returns None and goes through the full
+    parser."""
     import types
 
-    if not argv or argv[0] != "hook" or len(argv) % 2 == 0:
+    ns = _options(argv[1:], (*ROOTS[1:], *HOOK)) if argv[:1] == ["hook"] else None
+    if ns is None:
         return None
-    opts = dict(zip(argv[1::2], argv[2::2], strict=True))
-    if not set(opts) <= set(HOOK_OPTIONS):
-        return None
-    return types.SimpleNamespace(verb="hook", action=None, bundle=None, stage=None, config=None, log=None,
-                                 debug=False, root=None,
-                                 **{o[2:].replace("-", "_"): opts.get(o) for o in HOOK_OPTIONS})
-
-
-CDI_HOOK_OPTIONS = {"--link": "link", "--file": "file", "--cache-entry": "cache_entry"}
+    return types.SimpleNamespace(verb="hook", action=None, bundle=None, config=None, log=None, debug=False,
+                                 root=None, **ns)
 
 
 def cdi_hook_args(argv: list[str]):
-    """`cdi hook` as our CDI spec writes it (its three repeated options), read without
-    argparse, for the warm server; anything else is None."""
+    """`cdi hook` as our CDI spec writes it (CDI_HOOK), read without argparse, for the warm
+    server; anything else is None."""
     import types
 
-    if argv[:2] != ["cdi", "hook"] or len(argv) % 2:
-        return None
-    ns: dict[str, list[str]] = {key: [] for key in CDI_HOOK_OPTIONS.values()}
-    for flag, value in zip(argv[2::2], argv[3::2], strict=True):
-        if flag not in CDI_HOOK_OPTIONS:
-            return None
-        ns[CDI_HOOK_OPTIONS[flag]].append(value)
-    return types.SimpleNamespace(verb="cdi", action="hook", **ns)
+    ns = _options(argv[2:], CDI_HOOK) if argv[:2] == ["cdi", "hook"] else None
+    return None if ns is None else types.SimpleNamespace(verb="cdi", action="hook", **ns)
 
 
 def _lean(rows) -> dict[str, tuple[str, Any]]:

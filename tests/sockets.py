@@ -3,6 +3,7 @@ queue (or a count) is full."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 
@@ -20,3 +21,19 @@ def silent_clients(path, kind: int, most: int = 1 << 16) -> list[socket.socket]:
             break
         clients.append(c)
     return clients
+
+
+@contextlib.contextmanager
+def full_listener(path, kind: int):
+    """A listener at ``path`` with listen(0) that never accepts, its queue already full of
+    silent clients: a connect to it waits (or says EAGAIN); all closed after."""
+    listener = socket.socket(socket.AF_UNIX, kind)
+    listener.bind(str(path))
+    listener.listen(0)
+    fillers = silent_clients(path, kind)
+    try:
+        yield listener
+    finally:
+        for f in fillers:
+            f.close()
+        listener.close()

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.integration.test_runtime import errors, rt
-from tests.sockets import silent_clients
+from tests.sockets import full_listener
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -24,21 +24,13 @@ def test_a_full_console_socket_fails_at_once(make_bundle, tmp_path):
     spec["process"]["terminal"] = True
     (bundle / "config.json").write_text(json.dumps(spec))
     path = tmp_path / "console.sock"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
-    listener.listen(0)
-    fillers = silent_clients(path, socket.SOCK_STREAM)
-    try:
+    with full_listener(path, socket.SOCK_STREAM):
         t = time.monotonic()
         r = rt(tmp_path, "create", "--bundle", bundle, "--console-socket", path, "con1")
         assert time.monotonic() - t < 5
         assert r.returncode == 1 and len(errors(r)) == 1, r.stderr
         assert f"--console-socket {path}: cannot connect: Resource temporarily unavailable" in r.stderr
         assert not (tmp_path / "state" / "con1").exists()
-    finally:
-        for f in fillers:
-            f.close()
-        listener.close()
 
 
 def test_a_symlinked_state_directory_is_never_followed(tmp_path):

@@ -23,22 +23,14 @@ LAUNCHER = Path(__file__).resolve().parents[2] / ".venv/bin/sandbox"
 
 @pytest.fixture
 def server(tmp_path):
-    """`sandbox serve` on a socket of the test's own; yields (socket, its log, the process)."""
+    """`sandbox serve` on a socket of the test's own (scripts/engines.py's WarmServer);
+    yields (socket, its log, the process)."""
+    import engines
+
     if not LAUNCHER.is_file() or LAUNCHER.read_bytes()[:4] != b"\x7fELF":
         pytest.skip("the C launcher is not built (scripts/setup builds it)")
-    path = tmp_path / "run" / "server.sock"
-    log = tmp_path / "server.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([str(LAUNCHER), "serve", "--server", str(path)], stdout=out, stderr=out,
-                                stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while not path.exists() and time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()
-        time.sleep(0.02)
-    yield path, log, proc
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
+    with engines.WarmServer(tmp_path) as warm:
+        yield warm.path, warm.log, warm.proc
 
 
 def verb(server_path, *args, cwd=None, umask=None) -> subprocess.CompletedProcess:

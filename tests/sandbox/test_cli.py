@@ -95,3 +95,23 @@ def test_no_driver_says_where_to_point(tmp_path):
 
     with pytest.raises(DriverError, match="--driver-root .or driver-root in /etc/gpu-sandbox/config.toml."):
         discover(str(tmp_path), str(tmp_path))
+
+
+@pytest.mark.parametrize("argv", [
+    ["cdi", "hook"], ["cdi", "hook", "--link", "a::/b", "--link", "c::/d", "--file", "/x::y"],
+    ["cdi", "hook", "--cache-entry", "k::/p::0x303"],
+])
+def test_our_cdi_hooks_line_is_read_as_argparse_reads_it(argv):
+    from sandbox.flags import cdi_hook_args
+
+    fast, full = cdi_hook_args(argv), parser().parse_args(argv)
+    assert {k: getattr(fast, k) for k in ("verb", "action", "link", "file", "cache_entry")} == \
+           {k: getattr(full, k) for k in ("verb", "action", "link", "file", "cache_entry")}
+
+
+@pytest.mark.parametrize("argv", [["cdi", "hook", "--link"], ["cdi", "hook", "--bogus", "x"],
+                                  ["cdi", "generate", "--link", "a::/b"], ["cdi", "hook", "--link", "-x"]])
+def test_anything_else_of_cdi_goes_to_argparse(argv):
+    from sandbox.flags import cdi_hook_args
+
+    assert cdi_hook_args(argv) is None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sockets import silent_clients
+from tests.sockets import full_listener
 
 SOURCE = Path(__file__).resolve().parents[2] / "sandbox/hook_client.c"
 STATE = '{"ociVersion": "1.0.2", "id": "c\\u00e9", "pid": 1, "bundle": "/b"}'
@@ -160,14 +160,6 @@ def test_a_server_that_never_answers_is_left_after_the_deadline(tmp_path):
 def test_a_full_listen_queue_is_left_at_once(client, tmp_path):
     """listen(0), never accepted, its queue filled: connect gives up within its 1 s."""
     path = tmp_path / "s.sock"
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.bind(str(path))
-    s.listen(0)
-    fillers = silent_clients(path, socket.SOCK_SEQPACKET)
-    try:
+    with full_listener(path, socket.SOCK_SEQPACKET):
         r = hook(client, path)
         assert r.returncode == 7 and r.stdout == STATE.encode(), r.stderr
-    finally:
-        for f in fillers:
-            f.close()
-        s.close()
