@@ -235,7 +235,7 @@ def _handle(conn, main) -> int:
         return _run_verb(conn, request, fds, main)
     for fd in fds:
         os.close(fd)
-    return _run_hook(conn, data)
+    return _run_hook(conn, request)
 
 
 def _run_verb(conn, request: dict, fds: list[int], main) -> int:
@@ -302,8 +302,8 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     return 0
 
 
-def _run_hook(conn, data: bytes) -> int:
-    """One hook, answered on ``conn``."""
+def _run_hook(conn, request) -> int:
+    """One hook (``request``: the client's JSON, decoded; None if it was none), answered on ``conn``."""
     import time
 
     from mounts.errors import SandboxError
@@ -316,7 +316,8 @@ def _run_hook(conn, data: bytes) -> int:
     os.environ.update(item.partition("=")[::2] for item in hook_cmd.HOOK_ENV)  # (each has an =)
     code, error, cid = 1, "", "?"
     try:
-        request = loads(data.decode())
+        if not isinstance(request, dict):
+            raise ValueError("not a JSON object")
         args = flags.hook_args(request["argv"]) or flags.cdi_hook_args(request["argv"])
         if args is None or getattr(args, "trace", None):  # (a trace is the hook's own to write: never ours)
             _decline(conn, "arguments only the hook itself reads", read=False)
