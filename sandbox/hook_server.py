@@ -373,9 +373,21 @@ def _preload() -> None:
     import sandbox.config  # noqa: F401
     import sandbox.hook_cmd  # noqa: F401
     import sandbox.trace  # noqa: F401
-    from gofer import embed, gpu, root, spans  # noqa: F401
-    from mounts import driver, elf, ldcache, plan, request, spec  # noqa: F401
-    from sandbox import api, cdi_cmd, delete_cmd, features_cmd, start_cmd, state_cmd, update_cmd  # noqa: F401
+    from gofer import embed, enter, gpu, root, seccomp, spans  # noqa: F401
+    from mounts import bundle, driver, elf, ldcache, plan, request, spec  # noqa: F401
+    from sandbox import (  # noqa: F401
+        api,
+        atomic,
+        cdi_cmd,
+        delete_cmd,
+        exec_cmd,
+        exec_frontend,
+        features_cmd,
+        launch,
+        start_cmd,
+        state_cmd,
+        update_cmd,
+    )
 
 
 def _reap() -> None:
