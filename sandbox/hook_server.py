@@ -367,7 +367,14 @@ def _decline(conn, why: str, read: bool = True) -> None:
 
 
 def _preload() -> None:
-    """Everything a hook and a served verb import, once, here: each child starts with it loaded."""
+    """Everything a hook and a served verb import, once, here: each child starts with it
+    loaded (libseccomp too, which exec's plan compiles the container's filter with)."""
+    from gofer import syscalls
+
+    try:
+        syscalls.Seccomp.lib()
+    except OSError:
+        pass  # (no libseccomp: a container's filter is then refused, as without the server)
     import argparse  # noqa: F401
 
     import sandbox.config  # noqa: F401
