@@ -27,8 +27,8 @@ IPC_OPTS = ["nosuid", "nodev", "noexec", "bind"]
 def driver_layout(inventory):
     """Where the driver root itself keeps its libraries: a spec serves any image, and
     puts each file where the host has it (as nvidia-ctk does); the cache says where."""
+    from mounts.layout import Layout
     from mounts.ldcache import FLAG_REQUIRED_MASK
-    from mounts.plan import Layout
 
     def libdir(is64: bool, default: str) -> str:
         lib = next((x for x in inventory.libraries if bool(x.flags & FLAG_REQUIRED_MASK) == is64), None)

@@ -1,5 +1,7 @@
-"""Driver discovery under a driver root: version, GPUs, device nodes, libraries, binaries,
-firmware and IPC sockets, read from files only (no NVML, nothing executed).
+"""Driver discovery under a driver root: version, GPUs, device nodes, libraries (with their
+ELF SONAME and DT_NEEDED), binaries, firmware, the loaders' files, Xorg's modules and IPC
+sockets, read from files only (no NVML, nothing executed). Every fact the plan uses is
+collected here: the plan itself reads nothing.
 
 The same code serves a host install (``/``), a driver container (``/run/nvidia/driver``) and
 the test fixtures, because every path is read relative to the driver root.
@@ -13,8 +15,9 @@ import stat
 
 import msgspec
 
-from mounts import ldcache
-from mounts.errors import DriverError, LdCacheError
+from mounts import catalog, ldcache
+from mounts.elf import read_elf
+from mounts.errors import DriverError, ElfError, LdCacheError
 from mounts.paths import LinkLoop, Resolver, file_kind, opened_at, resolve_in_root
 
 NVIDIA_MAJOR = 195
@@ -29,7 +32,6 @@ CUDA_BY_BRANCH = (
     (530, "12.1"), (535, "12.2"), (545, "12.3"), (550, "12.4"), (555, "12.5"), (560, "12.6"),
     (565, "12.7"), (570, "12.8"), (575, "12.9"), (580, "13.0"),
 )
-BIN_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin")
 # ASCII digits only, and few of them: int() takes "١" and "０", and refuses 5,000 digits.
 _VERSION_RE = re.compile(r"Kernel Module\s+(?:for \S+\s+)?([0-9]{1,6}\.[0-9]{1,6}(?:\.[0-9]{1,6})?)")
 _LIB_VERSION_RE = re.compile(r"^lib(?:cuda|nvidia-ml)\.so\.([0-9]{1,6}\.[0-9]{1,6}(?:\.[0-9]{1,6})?)$")
@@ -57,6 +59,9 @@ class DriverLib(msgspec.Struct, frozen=True):
     path: str  # host path of the real file (links resolved inside the driver root)
     name: str  # its file name, e.g. libcuda.so.535.261.03
     flags: int  # ld.so.cache flags: architecture of the entry
+    soname: str | None = None  # its ELF DT_SONAME
+    needed: tuple[str, ...] = ()  # its ELF DT_NEEDED entries
+    broken: str | None = None  # why its ELF headers cannot be read: an error for a container that needs it
 
 
 class Mig(msgspec.Struct, frozen=True):
@@ -87,20 +92,16 @@ class Inventory(msgspec.Struct, frozen=True):
     dri: dict[str, tuple[str, ...]] = {}  # GPU bus id -> its DRI nodes in devices (dri/card1 ...)
     migs: list[Mig] = []
     mig_caps: dict[str, int] = {}  # "config", "monitor" -> their nvidia-caps minors
+    binaries: dict[str, str] = {}  # catalog.BINARIES' names -> host path
+    configs: dict[str, str] = {}  # the loaders' files: container path -> host path (regular files)
+    loader_texts: dict[str, str] = {}  # container path -> text of those that are .json or .icd
+    xorg: dict[str, str] = {}  # Xorg's modules: where Xorg looks -> host path (regular files)
+    ipc: dict[str, str] = {}  # catalog.IPC's sockets and directories present: container path -> host path
+    procfs: str | None = None  # the host's proc/driver/nvidia directory under the device root
 
     @property
     def cuda_version(self) -> str | None:
         return cuda_version(self.version)
-
-    def find_binary(self, name: str) -> str | None:
-        for d in BIN_DIRS:
-            path = resolve_in_root(self.root, os.path.join(d, name))
-            if path is not None and os.path.isfile(path):
-                return path
-        return None
-
-    def host(self, rel: str) -> str | None:
-        return resolve_in_root(self.root, rel)
 
 
 MAX_TEXT = 1 << 20  # a /proc file of the driver is a few hundred bytes
@@ -119,6 +120,12 @@ def read_file(root: str, rel: str, limit: int = MAX_TEXT) -> tuple[str, bytes] |
         if os.path.lexists(os.path.join(root, rel)):  # a link out of the root, or one that loops
             raise DriverError(f"{os.path.join(root, rel)}: a symlink that leads to no file inside the driver root")
         return None
+    data = read_resolved(path, limit)
+    return None if data is None else (path, data)
+
+
+def read_resolved(path: str, limit: int = MAX_TEXT) -> bytes | None:
+    """read_file's reading, of a path already resolved inside the root."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -136,7 +143,7 @@ def read_file(root: str, rel: str, limit: int = MAX_TEXT) -> tuple[str, bytes] |
         os.close(fd)
     if len(data) > limit:
         raise DriverError(f"{path}: larger than {limit} bytes: not a driver file")
-    return path, data
+    return data
 
 
 def _read_all(fd: int, n: int) -> bytes:
@@ -367,26 +374,30 @@ def _resolve_lib(resolver: Resolver, e: ldcache.Entry) -> tuple[str, int] | None
         return None
 
 
-# NVIDIA's EGL external platform libraries: versioned on their own (egl-wayland 1.1.10,
-# egl-gbm 1.1.0), not with the driver, so taken by SONAME.
-EGL_PLATFORM_LIBS = ("libnvidia-egl-wayland.so.1", "libnvidia-egl-gbm.so.1", "libnvidia-egl-xcb.so.1",
-                     "libnvidia-egl-xlib.so.1")
-
-
 def _libraries(cache: list[ldcache.Entry], version: str, resolver: Resolver) -> list[DriverLib]:
+    """Every cache entry whose file carries the driver's version (or is an EGL platform
+    library), with its ELF facts: read once a file, ~15 us each. A file that is no usable
+    ELF is kept with the reason, for the plan to refuse only where a container needs it."""
     libs, seen = [], set()
+    elf: dict[str, tuple[str | None, tuple[str, ...], str | None]] = {}
     suffix = "." + version
     for e in cache:
         found = _resolve_lib(resolver, e)
         if found is None or (e.key, e.flags) in seen:
             continue
-        if not found[0].endswith(suffix) and e.key not in EGL_PLATFORM_LIBS:
+        if not found[0].endswith(suffix) and e.key not in catalog.EGL_PLATFORM_LIBS:
             continue
         path, mode = found
         if not stat.S_ISREG(mode):  # never open a FIFO or device as an ELF file
             raise DriverError(f"{path}: library {e.key} of the driver is not a regular file")
         seen.add((e.key, e.flags))
-        libs.append(DriverLib(e.key, path, path.rpartition("/")[2], e.flags))
+        if path not in elf:
+            try:
+                info = read_elf(path)
+                elf[path] = info.soname, info.needed, None
+            except ElfError as err:
+                elf[path] = None, (), str(err)
+        libs.append(DriverLib(e.key, path, path.rpartition("/")[2], e.flags, *elf[path]))
     return libs
 
 
@@ -397,6 +408,54 @@ def _firmware(root: str, version: str) -> dict[str, str]:
         return {}
     return {f"{target}/{n}": f"{host}/{n}" for n in sorted(os.listdir(host))
             if n.startswith("gsp") and n.endswith(".bin")}
+
+
+def _plain(resolver: Resolver, path: str) -> str | None:
+    """The host path of ``path`` inside the root when it is a regular file."""
+    try:
+        found = resolver.file(path)
+    except LinkLoop:
+        return None
+    return found[0] if found is not None and stat.S_ISREG(found[1]) else None
+
+
+def _binaries(resolver: Resolver) -> dict[str, str]:
+    found = {}
+    for name in (n for names in catalog.BINARIES.values() for n in names):
+        host = next((h for d in catalog.BIN_DIRS if (h := _plain(resolver, f"/{d}/{name}")) is not None), None)
+        if host is not None:
+            found[name] = host
+    return found
+
+
+def _configs(resolver: Resolver) -> tuple[dict[str, str], dict[str, str]]:
+    """The loaders' files the driver root has (regular files only), and the text of those
+    that may name a library by a host path (.json, .icd), read as every driver file is."""
+    wanted = [p for paths in catalog.CONFIGS.values() for p in paths]
+    for d in catalog.EGL_PLATFORMS:
+        host = resolve_in_root(resolver.root, d)
+        if host is not None and os.path.isdir(host):
+            wanted += [f"{d}/{n}" for n in sorted(os.listdir(host)) if catalog.PLATFORM_FILE.fullmatch(n)]
+    configs = {p: host for p in wanted if (host := _plain(resolver, p)) is not None}
+    texts = {}
+    for p, host in configs.items():
+        if p.endswith((".json", ".icd")) and (data := read_resolved(host)) is not None:
+            texts[p] = data.decode("utf-8", "replace")
+    return configs, texts
+
+
+def _xorg(resolver: Resolver, version: str) -> dict[str, str]:
+    found = {}
+    for target, debian in catalog.XORG_MODULES:
+        target, debian = target.format(version=version), debian.format(version=version)
+        host = next((h for p in (target, debian) if (h := _plain(resolver, p)) is not None), None)
+        if host is not None:
+            found[target] = host
+    return found
+
+
+def _ipc(root: str) -> dict[str, str]:
+    return {p: host for paths in catalog.IPC.values() for p in paths if (host := resolve_in_root(root, p)) is not None}
 
 
 def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
@@ -428,6 +487,8 @@ def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
     devices = _devices(dev_root, gpus, _majors(dev_root))
     dri, dri_nodes = _dri(dev_root, gpus)
     migs, mig_caps = _migs(dev_root, gpus)
+    configs, loader_texts = _configs(resolver)
+    procfs = resolve_in_root(dev_root, "proc/driver/nvidia")
     return Inventory(
         root=root,
         dev_root=dev_root,
@@ -439,4 +500,10 @@ def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
         dri=dri,
         migs=migs,
         mig_caps=mig_caps,
+        binaries=_binaries(resolver),
+        configs=configs,
+        loader_texts=loader_texts,
+        xorg=_xorg(resolver, version),
+        ipc=_ipc(root),
+        procfs=procfs if procfs is not None and os.path.isdir(procfs) else None,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import TypeGuard
 
 from mounts.errors import SandboxError
 
@@ -87,6 +88,14 @@ def exists_in_root(root: str, path: str) -> bool:
     return resolve_in_root(root, path) is not None
 
 
+def is_plain_file(path: str | None) -> TypeGuard[str]:
+    """A regular file that is no symlink."""
+    return path is not None and os.path.isfile(path) and not os.path.islink(path)
+
+
+_LOOP = "\0loop"  # a directory whose links loop (no path holds a NUL)
+
+
 class Resolver:
     """resolve_in_root for many files in few directories: each directory is resolved once,
     and same-directory links (the usual SONAME links) are followed without a full walk."""
@@ -100,9 +109,16 @@ class Resolver:
         does not exist. Links that loop raise LinkLoop."""
         head, _, name = path.rstrip("/").rpartition("/")
         if head not in self._dirs:
-            self._dirs[head] = resolve_in_root(self.root, head)
+            try:
+                self._dirs[head] = _resolve(self.root, head)
+            except LinkLoop:
+                self._dirs[head] = _LOOP
         d = self._dirs[head]
-        if d is None or name in ("", ".", ".."):
+        if d is _LOOP:
+            raise LinkLoop(path)
+        if d is None:
+            return None
+        if name in ("", ".", ".."):
             return self._slow(path)
         for _ in range(MAX_LINKS):
             try:

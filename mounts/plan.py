@@ -1,128 +1,37 @@
 """The mount plan: (GPU request, driver inventory, rootfs layout) in, actions out.
 
+A pure function: every fact from disk is the inventory's (mounts/driver.py) or the layout's
+(mounts/layout.py), so the plan reads no file and its tests build both by hand. The one
+exception is selection's (mounts/select.py): a MIG device named the way only NVML knows.
+
 ``iter_plan`` yields the actions in a fixed order, cheapest first, so the supervisor can stream
-each one to the gofer as soon as it is known: device nodes (no file reads), then libraries
-as the DT_NEEDED closure discovers them, their links, binaries, firmware, IPC, /proc, and
+each one to the gofer as soon as it is known: device nodes, then libraries in the order of
+their DT_NEEDED closure, their links, binaries, firmware, the loaders' files, IPC, /proc, and
 last the ld.so.cache that needs every library.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
-from typing import TypeGuard
 
 import msgspec
 
 from mounts import actions as A
-from mounts.driver import DriverLib, Gpu, Inventory, Mig, dri_link
-from mounts.elf import read_elf
-from mounts.errors import DriverError, RequestError
+from mounts.catalog import (
+    BINARIES,
+    CONFIGS,
+    EGL_PLATFORMS,
+    EXTRA_LINKS,
+    IPC,
+    LIBRARIES,
+)
+from mounts.driver import IMEX_DIR, DriverLib, Gpu, Inventory, Mig, dri_link
+from mounts.errors import DriverError, ElfError, RequestError
+from mounts.layout import CUDA_COMPAT, Layout
 from mounts.ldcache import FLAG_REQUIRED_MASK, Entry
-from mounts.paths import exists_in_root, resolve_in_root
 from mounts.request import GpuRequest, brand_of, check_requirements
-
-# Library name prefixes per capability (matched against ld.so.cache keys).
-LIBRARIES = {
-    "utility": ("libnvidia-ml.so", "libnvidia-cfg.so", "libnvidia-nscq.so"),
-    "compute": ("libcuda.so", "libcudadebugger.so", "libnvidia-opencl.so", "libnvidia-gpucomp.so",
-                "libnvidia-ptxjitcompiler.so", "libnvidia-fatbinaryloader.so",
-                "libnvidia-allocator.so", "libnvidia-compiler.so", "libnvidia-pkcs11.so",
-                "libnvidia-pkcs11-openssl3.so", "libnvidia-nvvm.so"),
-    "video": ("libvdpau_nvidia.so", "libnvidia-encode.so", "libnvidia-opticalflow.so", "libnvcuvid.so"),
-    "graphics": ("libnvidia-eglcore.so", "libnvidia-glcore.so", "libnvidia-tls.so",
-                 "libnvidia-glsi.so", "libnvidia-fbc.so", "libnvidia-ifr.so", "libnvidia-rtcore.so",
-                 "libnvoptix.so", "libGLX_nvidia.so", "libEGL_nvidia.so", "libGLESv2_nvidia.so",
-                 "libGLESv1_CM_nvidia.so", "libnvidia-glvkspirv.so", "libnvidia-cbl.so",
-                 "libnvidia-egl-wayland.so", "libnvidia-egl-gbm.so", "libnvidia-egl-xcb.so",
-                 "libnvidia-egl-xlib.so"),
-    "ngx": ("libnvidia-ngx.so",),
-}
-BINARIES = {
-    "utility": ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nv-fabricmanager"),
-    "compute": ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server"),
-}
-IPC = {
-    "utility": ("/var/run/nvidia-persistenced/socket", "/var/run/nvidia-fabricmanager/socket"),
-    "compute": ("/tmp/nvidia-mps",),
-}
-# The loaders' configuration files, by capability: where a host keeps them (Debian's layout
-# first, then /etc's), bound at the same path. Each names its library by SONAME (Debian's
-# do), which the container's ld.so.cache resolves: nothing in them needs rewriting.
-CONFIGS = {
-    "graphics": ("/usr/share/vulkan/icd.d/nvidia_icd.json", "/etc/vulkan/icd.d/nvidia_icd.json",
-                 "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
-                 "/etc/vulkan/implicit_layer.d/nvidia_layers.json",
-                 "/usr/share/glvnd/egl_vendor.d/10_nvidia.json", "/etc/glvnd/egl_vendor.d/10_nvidia.json",
-                 "/usr/share/nvidia/nvoptix.bin"),
-    "compute": ("/etc/OpenCL/vendors/nvidia.icd",),
-}
-# Xorg's driver and GLX modules (display): where Xorg looks, then Debian's own directory
-# (its alternatives link the first to the second). Bound where Xorg looks.
-XORG_MODULES = (
-    ("/usr/lib/xorg/modules/drivers/nvidia_drv.so", "/usr/lib/nvidia/current/nvidia_drv.so"),
-    ("/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
-     "/usr/lib/nvidia/current/libglxserver_nvidia.so.{version}"),
-)
-CUDA_COMPAT = "/usr/local/cuda/compat"  # where CUDA images keep the forward-compatible driver
-EGL_PLATFORMS = ("/usr/share/egl/egl_external_platform.d", "/etc/egl/egl_external_platform.d")
-_PLATFORM_FILE = re.compile(r"[A-Za-z0-9_.+-]{0,100}nvidia[A-Za-z0-9_.+-]{0,100}\.json")  # (never a "::")
-# Extra links nvidia-container-cli creates: (capability, link name, what it points to)
-EXTRA_LINKS = (
-    ("compute", "libcuda.so", "libcuda.so.1"),
-    ("graphics", "libGLX_indirect.so.0", "libGLX_nvidia.so.{version}"),
-    ("video", "libnvidia-opticalflow.so", "libnvidia-opticalflow.so.1"),
-)
-
-
-class Layout(msgspec.Struct, frozen=True):
-    """Where things go in this rootfs."""
-
-    lib64: str  # e.g. /usr/lib/x86_64-linux-gnu or /usr/lib64
-    lib32: str  # e.g. /usr/lib/i386-linux-gnu, /usr/lib32 or /usr/lib
-    bin: str = "/usr/bin"
-    compat_version: str | None = None  # the version of the image's CUDA_COMPAT libcuda, if any
-    compat: tuple[str, ...] = ()  # the SONAME links there (libcuda.so.1 ...)
-
-
-def layout_of(rootfs: str) -> Layout:
-    """Debian-like roots (``/etc/debian_version``) use multiarch dirs, others lib64. The
-    image's CUDA forward-compatibility libraries are listed, never opened: only names and
-    link targets inside the rootfs are read."""
-    version, links = _compat_of(rootfs)
-    if exists_in_root(rootfs, "etc/debian_version"):
-        return Layout("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu", compat_version=version, compat=links)
-    return Layout("/usr/lib64", "/usr/lib32" if exists_in_root(rootfs, "usr/lib32") else "/usr/lib",
-                  compat_version=version, compat=links)
-
-
-_COMPAT_CUDA = re.compile(r"libcuda\.so\.([0-9]{1,6}\.[0-9]{1,6}(?:\.[0-9]{1,6})?)")
-_SONAME_LINK = re.compile(r"lib[A-Za-z0-9_+-]{1,64}(?:\.[A-Za-z0-9_+-]{1,64})*\.so\.[0-9]{1,4}")
-
-
-def _compat_of(rootfs: str) -> tuple[str | None, tuple[str, ...]]:
-    """(version, SONAME links) of the libcuda in the image's CUDA_COMPAT directory: the
-    version from the real file's name (libcuda.so.545.23.08, as the package names it), the
-    links those whose target is a regular file in the same directory."""
-    host = resolve_in_root(rootfs, CUDA_COMPAT.lstrip("/"))
-    if host is None or not os.path.isdir(host) or os.path.islink(host):
-        return None, ()
-    try:
-        names = sorted(os.listdir(host))
-    except OSError:
-        return None, ()
-    version, links = None, []
-    for name in names:
-        target = resolve_in_root(rootfs, f"{CUDA_COMPAT.lstrip('/')}/{name}")
-        if target is None or os.path.dirname(target) != host or not _is_file(target):
-            continue
-        m = _COMPAT_CUDA.fullmatch(os.path.basename(target))
-        if m and name == "libcuda.so.1":
-            version = m.group(1)
-        if _SONAME_LINK.fullmatch(name) and os.path.islink(os.path.join(host, name)):
-            links.append(name)
-    return (version, tuple(links)) if version else (None, ())
+from mounts.select import select_gpus, select_migs
 
 
 class Plan(msgspec.Struct, frozen=True):
@@ -130,90 +39,6 @@ class Plan(msgspec.Struct, frozen=True):
     gpus: list[Gpu]
     actions: list[A.AnyAction]
     migs: list[Mig] = []
-
-
-def select_gpus(request: GpuRequest, inventory: Inventory) -> list[Gpu]:
-    """The whole GPUs ``request.devices`` names: indices, GPU-UUIDs, PCI bus ids (MIG
-    devices are select_migs'); any unknown entry is an error."""
-    if request.devices == ("all",):
-        return list(inventory.gpus)
-    by_minor = request.source == "linux.devices"
-    return _pick(request, [e for e in request.devices if not is_mig(e)],
-                 lambda e: _find_gpu(e, inventory.gpus, by_minor), "device", f"{len(inventory.gpus)} GPUs",
-                 inventory.dev_root)
-
-
-def _pick(request: GpuRequest, entries: list[str], find, what: str, have: str, where: str) -> list:
-    """What each entry names (once each, in order); one that names nothing is an error."""
-    chosen = []
-    for entry in entries:
-        found = find(entry)
-        if found is None:
-            raise RequestError(f"{request.source}: unknown {what} {entry!r} ({have} under {where})")
-        if found not in chosen:
-            chosen.append(found)
-    return chosen
-
-
-_INDEX = re.compile(r"[0-9]{1,9}")  # ASCII only: int() would take "١", "０" and "²" too
-_BUSID = re.compile(r"([0-9a-f]{1,8}):([0-9a-f]{2}:[0-9a-f]{2}\.[0-7])")
-
-
-def _norm_busid(busid: str) -> str | None:
-    """A PCI bus id with its domain widened to 8 digits (0000:3b:00.0 -> 00000000:3b:00.0)."""
-    m = _BUSID.fullmatch(busid.lower())
-    return f"{int(m.group(1), 16):08x}:{m.group(2)}" if m else None
-
-
-def _find_gpu(entry: str, gpus: list[Gpu], by_minor: bool) -> Gpu | None:
-    index = int(entry) if _INDEX.fullmatch(entry) else None
-    busid = _norm_busid(entry) if entry.count(":") == 2 else None
-    for g in gpus:
-        if index is not None and index == (g.minor if by_minor else g.index):
-            return g
-        if entry.upper().startswith("GPU-") and entry.lower() == g.uuid.lower():
-            return g
-        if busid is not None and busid == _norm_busid(g.busid):
-            return g
-    return None
-
-
-_MIG_INDEX = re.compile(r"([0-9]{1,9}):([0-9]{1,4})")  # nvidia-container-cli's GPU:MIG-device-index
-_MIG_IDS = re.compile(r"([0-9]{1,9}):([0-9]{1,4}):([0-9]{1,4})")  # ours: GPU:GI:CI
-_MIG_LEGACY = re.compile(r"MIG-(GPU-[0-9a-fA-F-]{1,64})/([0-9]{1,4})/([0-9]{1,4})")
-
-
-def is_mig(entry: str) -> bool:
-    return entry.startswith("MIG-") or bool(_MIG_INDEX.fullmatch(entry) or _MIG_IDS.fullmatch(entry))
-
-
-def select_migs(request: GpuRequest, inventory: Inventory) -> list[Mig]:
-    """The MIG devices ``request.devices`` names: ``GPU:GI:CI`` (the GPU's index, then the
-    instance ids) and ``MIG-GPU-<uuid>/<gi>/<ci>`` from the driver's files; ``MIG-<uuid>`` and
-    ``GPU:N`` (the N-th MIG device in NVML's order, as nvidia-container-cli counts them) from
-    NVML (mounts/nvml.py). A name that matches no MIG device is an error. ``all`` means
-    whole GPUs, never MIG devices."""
-    entries = [e for e in request.devices if is_mig(e)] if request.devices != ("all",) else []
-    return _pick(request, entries, lambda e: _find_mig(e, inventory), "MIG device",
-                 f"{len(inventory.migs)} MIG devices", inventory.dev_root)
-
-
-def _find_mig(entry: str, inventory: Inventory) -> Mig | None:
-    if m := _MIG_IDS.fullmatch(entry):
-        gpu = next((g for g in inventory.gpus if g.index == int(m.group(1))), None)
-        where = (gpu.minor, int(m.group(2)), int(m.group(3))) if gpu else None
-    elif m := _MIG_LEGACY.fullmatch(entry):
-        gpu = next((g for g in inventory.gpus if g.uuid.lower() == m.group(1).lower()), None)
-        where = (gpu.minor, int(m.group(2)), int(m.group(3))) if gpu else None
-    else:
-        from mounts.nvml import mig_lookup
-
-        if m := _MIG_INDEX.fullmatch(entry):
-            gpu = next((g for g in inventory.gpus if g.index == int(m.group(1))), None)
-            where = mig_lookup(inventory, entry, gpu.busid, int(m.group(2))) if gpu else None
-        else:
-            where = mig_lookup(inventory, entry)
-    return next((x for x in inventory.migs if (x.minor, x.gi, x.ci) == where), None)
 
 
 def mig_nodes(request: GpuRequest, inventory: Inventory, gpus: list[Gpu], migs: list[Mig]) -> list[tuple[str, str]]:
@@ -265,9 +90,10 @@ def _closure(inventory: Inventory, roots: list[DriverLib]) -> Iterator[tuple[Dri
     seen = {(lib.path, lib.flags) for lib in roots}
     while queue:
         lib = queue.pop(0)
-        info = read_elf(lib.path)
-        yield lib, info.soname
-        for name in info.needed:
+        if lib.broken is not None:
+            raise ElfError(lib.broken)
+        yield lib, lib.soname
+        for name in lib.needed:
             dep = by_key.get((name, lib.flags))
             if dep is not None and (dep.path, dep.flags) not in seen:
                 seen.add((dep.path, dep.flags))
@@ -276,14 +102,11 @@ def _closure(inventory: Inventory, roots: list[DriverLib]) -> Iterator[tuple[Dri
 
 def config_files(inventory: Inventory, caps: frozenset[str]) -> list[tuple[str, str]]:
     """(path in the container, host path) of the loaders' files of ``caps`` the driver root
-    has (regular files only)."""
+    has."""
     wanted = [p for cap in sorted(caps & CONFIGS.keys()) for p in CONFIGS[cap]]
     if "graphics" in caps:
-        for d in EGL_PLATFORMS:
-            host = inventory.host(d)
-            if host is not None and os.path.isdir(host):
-                wanted += [f"{d}/{n}" for n in sorted(os.listdir(host)) if _PLATFORM_FILE.fullmatch(n)]
-    return [(p, host) for p in wanted if _is_file(host := inventory.host(p))]
+        wanted += sorted(p for p in inventory.configs if p.startswith(tuple(d + "/" for d in EGL_PLATFORMS)))
+    return [(p, inventory.configs[p]) for p in wanted if p in inventory.configs]
 
 
 MAX_LOADER_FILE = 64 << 10  # an ICD file is a few hundred bytes; a CDI hook's argument is at most 128 KiB
@@ -296,13 +119,9 @@ def loader_file(inventory: Inventory, target: str, made: dict[str, int]) -> str 
     libraries and links, with their cache flags), else by its file name for the container's
     ld.so.cache to resolve. None when it names its libraries by name only, as Debian's do
     (the file is bound as it is), or is no JSON we can read (bound as it is: the loader
-    judges it). Read inside the driver root, as every driver file is."""
-    from mounts.driver import read_file
-
-    if not target.endswith((".json", ".icd")):
-        return None
-    found = read_file(inventory.root, target.lstrip("/"))
-    if found is None:
+    judges it)."""
+    text = inventory.loader_texts.get(target)
+    if text is None:
         return None
     by_name = {os.path.basename(p): p for p, flags in made.items() if flags & FLAG_REQUIRED_MASK}
 
@@ -312,7 +131,6 @@ def loader_file(inventory: Inventory, target: str, made: dict[str, int]) -> str 
         name = os.path.basename(path)
         return by_name.get(name, name)
 
-    text = found[1].decode("utf-8", "replace")
     if target.endswith(".icd"):
         lines = [line.strip() for line in text.splitlines()]
         fixed = [fix(line) for line in lines]
@@ -320,7 +138,7 @@ def loader_file(inventory: Inventory, target: str, made: dict[str, int]) -> str 
     else:
         data = _fix_json(text, fix)
     if data is not None and len(data) > MAX_LOADER_FILE:
-        raise DriverError(f"{found[0]}: {len(data)} bytes, too large for a loader's file")
+        raise DriverError(f"{inventory.configs[target]}: {len(data)} bytes, too large for a loader's file")
     return data
 
 
@@ -343,15 +161,9 @@ def _fix_json(text: str, fix) -> str | None:
     return msgspec.json.encode(doc).decode() + "\n" if changed else None
 
 
-def _is_file(path: str | None) -> TypeGuard[str]:
-    return path is not None and os.path.isfile(path) and not os.path.islink(path)
-
-
 def imex_channels(request: GpuRequest, inventory: Inventory) -> list[str]:
     """The IMEX channel nodes NVIDIA_IMEX_CHANNELS asks for (all: every one the host has);
     one the host lacks is an error."""
-    from mounts.driver import IMEX_DIR
-
     have = sorted((n for n in inventory.devices if n.startswith(IMEX_DIR + "/")),
                   key=lambda n: int(n.rsplit("channel", 1)[1]))
     if request.imex == ("all",):
@@ -421,35 +233,29 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
 
     for cap in sorted(caps & BINARIES.keys()):
         for name in BINARIES[cap]:
-            path = inventory.find_binary(name)
+            path = inventory.binaries.get(name)
             if path is not None:
                 yield A.Binary(path, f"{layout.bin}/{name}", A.RO_LIB)
 
-    host: str | None
     for target, host in inventory.firmware.items():
         yield A.Firmware(host, target, A.RO_LIB)
 
     for target, host in config_files(inventory, lib_caps):
         yield A.Config(host, target, A.RO_LIB, loader_file(inventory, target, made))
     if "display" in caps:
-        for target, debian in XORG_MODULES:
-            target, debian = target.format(version=inventory.version), debian.format(version=inventory.version)
-            host = next((h for p in (target, debian) if _is_file(h := inventory.host(p))), None)
-            if host is not None:
-                yield A.Library(host, target, A.RO_LIB)
-                if target.endswith("." + inventory.version):  # Xorg loads libglxserver_nvidia.so
-                    name = target.rpartition("/")[2]
-                    yield A.Symlink(name, target[:-len(inventory.version) - 1])
+        for target, host in inventory.xorg.items():
+            yield A.Library(host, target, A.RO_LIB)
+            if target.endswith("." + inventory.version):  # Xorg loads libglxserver_nvidia.so
+                name = target.rpartition("/")[2]
+                yield A.Symlink(name, target[:-len(inventory.version) - 1])
 
     for cap in sorted(caps & IPC.keys()):
         for path in IPC[cap]:
-            host = inventory.host(path)
-            if host is not None:
-                yield A.Ipc(host, path, A.IPC)
+            if path in inventory.ipc:
+                yield A.Ipc(inventory.ipc[path], path, A.IPC)
 
-    procdir = resolve_in_root(inventory.dev_root, "proc/driver/nvidia")
-    if procdir is not None and os.path.isdir(procdir):
-        yield A.ProcFs(procdir, "/proc/driver/nvidia", ("nosuid", "nodev", "noexec"),
+    if inventory.procfs is not None:
+        yield A.ProcFs(inventory.procfs, "/proc/driver/nvidia", ("nosuid", "nodev", "noexec"),
                        tuple(g.busid for g in gpus + parents), tuple(f for _name, f in caps_files))
 
     if entries:

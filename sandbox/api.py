@@ -14,7 +14,8 @@ in gofer/embed.py; this module only plans and re-exports it.
 from __future__ import annotations
 
 from mounts.bundle import Bundle, load_bundle
-from mounts.plan import Plan, compute_plan, layout_of
+from mounts.layout import layout_of
+from mounts.plan import Plan, compute_plan
 from mounts.request import GpuRequest, cap_request, resolve
 
 __all__ = ["Plan", "apply_plan", "cap_request", "plan_bundle", "request_for"]  # noqa: F822 - apply_plan: see __getattr__

@@ -296,7 +296,8 @@ def _stream_plan(sock, request, bundle, opts: Options, spans, cgroup=None) -> No
     from gofer import protocol
     from mounts.actions import Device
     from mounts.driver import discover
-    from mounts.plan import iter_plan, layout_of
+    from mounts.layout import layout_of
+    from mounts.plan import iter_plan
 
     with spans.span("discovery"):
         inventory = discover(opts.driver_root, opts.dev_root)

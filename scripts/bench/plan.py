@@ -20,7 +20,8 @@ import fixtures  # noqa: E402
 
 from mounts.bundle import load_bundle  # noqa: E402
 from mounts.driver import discover  # noqa: E402
-from mounts.plan import compute_plan, layout_of  # noqa: E402
+from mounts.layout import layout_of  # noqa: E402
+from mounts.plan import compute_plan  # noqa: E402
 from mounts.request import gpu_request  # noqa: E402
 
 

@@ -4,7 +4,8 @@ import shutil
 import fixtures
 import pytest
 
-from mounts.driver import EGL_PLATFORM_LIBS, cuda_version, discover
+from mounts.catalog import EGL_PLATFORM_LIBS
+from mounts.driver import cuda_version, discover
 from mounts.errors import DriverError
 
 
@@ -24,7 +25,7 @@ def test_discovers_the_real_535_driver(driver_root, driver_version):
     assert all(os.path.isfile(lib.path) and (lib.name.endswith(driver_version) or lib.key in EGL_PLATFORM_LIBS)
                for lib in inv.libraries)
     assert {lib.key for lib in inv.libraries} >= {"libnvidia-egl-wayland.so.1", "libnvidia-egl-gbm.so.1"}
-    assert inv.find_binary("nvidia-smi").endswith("usr/lib/nvidia/current/nvidia-smi")
+    assert inv.binaries["nvidia-smi"].endswith("usr/lib/nvidia/current/nvidia-smi")
 
 
 def test_version_from_library_names_without_proc(tmp_path, driver_root, driver_version):

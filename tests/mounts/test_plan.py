@@ -9,7 +9,8 @@ from mounts.bundle import load_bundle
 from mounts.driver import discover
 from mounts.elf import read_elf
 from mounts.errors import RequestError
-from mounts.plan import Layout, compute_plan, layout_of
+from mounts.layout import Layout, layout_of
+from mounts.plan import compute_plan
 from mounts.request import gpu_request
 
 GPU0 = "GPU-4d8f2f4a-6f6c-3b1e-9a1e-0d6f3c2b1a00"  # fixtures.GPUS[0], the one with MIG_LAYOUT
@@ -157,7 +158,7 @@ def test_synthetic_closure_walks_the_whole_chain(n, make_bundle):
     ("utility", {"libnvidia-ml", "libnvidia-cfg"}, set(), set()),
 ])
 def test_capabilities(caps, libs, devices, links, make_bundle, inventory, driver_version):
-    """Each capability brings its libraries (mounts/plan.py LIBRARIES, closure included) and nodes."""
+    """Each capability brings its libraries (mounts/catalog.py LIBRARIES, closure included) and nodes."""
     plan = plan_for(make_bundle, inventory, ["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_DRIVER_CAPABILITIES={caps}"])
     assert stems(plan, driver_version) == libs
     got = {a.target for a in by_kind(plan, "device")}
@@ -205,11 +206,10 @@ def test_compat32_takes_the_32_bit_entries(make_bundle, inventory, driver_versio
     made up: the 64-bit libcuda under i386 flags.)"""
     import msgspec
 
-    from mounts.driver import DriverLib
     from mounts.ldcache import FLAGS_I386
 
     cuda = next(lib for lib in inventory.libraries if lib.key == "libcuda.so.1")
-    lib32 = DriverLib("libcuda.so.1", cuda.path, cuda.name, FLAGS_I386)
+    lib32 = msgspec.structs.replace(cuda, flags=FLAGS_I386)
     inv = msgspec.structs.replace(inventory, libraries=inventory.libraries + [lib32])
     with32 = plan_for(make_bundle, inv, ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,compat32"])
     targets = {a.target for a in by_kind(with32, "library")}

@@ -14,7 +14,8 @@ import pytest
 from mounts.bundle import load_bundle
 from mounts.driver import discover
 from mounts.errors import DriverError, RequestError
-from mounts.plan import compute_plan, layout_of
+from mounts.layout import layout_of
+from mounts.plan import compute_plan
 from mounts.request import CAPABILITIES, gpu_request, parse_capabilities
 from mounts.spec import Spec
 
@@ -352,31 +353,25 @@ def _replace(path, data: bytes):
     path.write_bytes(data)
 
 
-def test_loader_files_we_cannot_read_are_bound_as_they_are_and_huge_ones_refused(tmp_path, driver_root):
-    from mounts.ldcache import FLAGS_I386, FLAGS_X86_64
-    from mounts.plan import loader_file
-
+def test_discovery_reads_the_loaders_files_inside_the_driver_root(tmp_path, driver_root, make_bundle):
+    """The loaders' files are read by discovery (the plan reads none): one naming a host
+    path reaches the container naming ours; one linked out of the driver root is looked for
+    inside it (nothing there: not bound), never on the host. (The rewriting itself:
+    tests/mounts/test_plan_pure.py.)"""
     user = _driver_copy(tmp_path, driver_root)
-    inv = discover(str(user))
     icd = user / "usr/share/vulkan/icd.d/nvidia_icd.json"
     target = "/usr/share/vulkan/icd.d/nvidia_icd.json"
-    for bad in (b"[" * 5000 + b"]" * 5000, b'{"layers": 5, "ICD": true}', b"not json"):
-        _replace(icd, bad)
-        assert loader_file(inv, target, {}) is None
-    # with compat32 the 64-bit library is the one a 64-bit loader's file names
     _replace(icd, b'{"ICD": {"library_path": "/usr/lib64/libGLX_nvidia.so.0"}}')
-    for order in (1, -1):
-        made = dict(list({"/usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.0": FLAGS_X86_64,
-                          "/usr/lib/i386-linux-gnu/libGLX_nvidia.so.0": FLAGS_I386}.items())[::order])
-        assert "/usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.0" in loader_file(inv, target, made)
-    _replace(icd, b'{"ICD": {"library_path": "/x/libGLX_nvidia.so.0", "pad": "' + b"x" * 70000 + b'"}}')
-    with pytest.raises(DriverError, match=r"nvidia_icd.json: \d+ bytes, too large for a loader's file$"):
-        loader_file(inv, target, {})
-    # a link out of the driver root is read inside it (here: nothing there), never on the host
+    inv = discover(str(user))
+    assert inv.configs[target] == str(icd) and "/usr/lib64/" in inv.loader_texts[target]
+    bundle = load_bundle(str(make_bundle(env=["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=graphics"])))
+    plan = compute_plan(gpu_request(bundle.spec), inv, layout_of(bundle.rootfs))
+    (config,) = [a for a in plan.actions if a.target == target]
+    assert '"/usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.0"' in config.data
     icd.unlink()
     icd.symlink_to("/etc/passwd")
-    with pytest.raises(DriverError, match="a symlink that leads to no file inside the driver root$"):
-        loader_file(inv, target, {})
+    inv = discover(str(user))
+    assert target not in inv.configs and target not in inv.loader_texts
 
 
 def test_opened_at_names_where_an_open_really_went(tmp_path):
