@@ -25,7 +25,7 @@ import stat
 
 from gofer import syscalls as sc
 from mounts.errors import MountError
-from mounts.paths import MAX_LINKS, file_kind
+from mounts.paths import LinkLoop, Walk, file_kind
 
 O_PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 RESOLVE = sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_MAGICLINKS
@@ -139,15 +139,13 @@ class Root:
 
     def _walk(self, rel: str, flags: int, unsafe_path: str) -> int:
         """openat2(RESOLVE_IN_ROOT) by hand for kernels without it: one O_PATH|O_NOFOLLOW
-        open per component from the root fd; a symlink is read and spliced into the rest of
-        the path (absolute ones restart at the root), ``..`` never climbs above the root.
+        open per component from the root fd, along mounts.paths.Walk (a symlink spliced into
+        the rest of the path, absolute ones from the root, ``..`` never above the root).
         Only magic links cannot arise: we never open through /proc of the container."""
-        todo = [p for p in rel.split("/") if p not in ("", ".")]
+        walk = Walk(rel)
         stack = [os.dup(self.fd)]  # fds of the directories walked so far; [0] is the root
-        links = 0
         try:
-            while todo:
-                part = todo.pop(0)
+            for part in walk:
                 if part == "..":
                     if len(stack) > 1:
                         os.close(stack.pop())
@@ -158,16 +156,15 @@ class Root:
                     raise sc.SyscallError(e.errno, "open (walk)", unsafe_path) from None  # type: ignore[arg-type]  # os.open always sets errno
                 if stat.S_ISLNK(os.fstat(fd).st_mode):
                     os.close(fd)
-                    links += 1
-                    if links > MAX_LINKS:
-                        raise sc.SyscallError(errno.ELOOP, "open (walk)", unsafe_path)
-                    target = os.readlink(part, dir_fd=stack[-1])
-                    if target.startswith("/"):
+                    try:
+                        absolute = walk.follow(os.readlink(part, dir_fd=stack[-1]))
+                    except LinkLoop:
+                        raise sc.SyscallError(errno.ELOOP, "open (walk)", unsafe_path) from None
+                    if absolute:
                         while len(stack) > 1:
                             os.close(stack.pop())
-                    todo = [p for p in target.split("/") if p not in ("", ".")] + todo
                     continue
-                if todo and not stat.S_ISDIR(os.fstat(fd).st_mode):
+                if walk.todo and not stat.S_ISDIR(os.fstat(fd).st_mode):
                     os.close(fd)
                     raise sc.SyscallError(errno.ENOTDIR, "open (walk)", unsafe_path)
                 stack.append(fd)

@@ -55,13 +55,36 @@ def resolve_in_root(root: str, path: str) -> str | None:
         return None
 
 
+class Walk:
+    """The component walk of a path inside a root, shared by this lexical resolver and the
+    gofer's O_PATH walk (gofer/root.py): iterate to get each component in turn (``..``
+    included: the walker stays at the root when it has nothing to climb), and ``follow`` a
+    symlink met on the way."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.todo = [p for p in path.split("/") if p not in ("", ".")]
+        self.links = 0
+
+    def __iter__(self):
+        while self.todo:
+            yield self.todo.pop(0)
+
+    def follow(self, target: str) -> bool:
+        """Splice a link's ``target`` into what is left; True when it is absolute (the
+        walker goes back to the root). More than MAX_LINKS links raise LinkLoop."""
+        self.links += 1
+        if self.links > MAX_LINKS:
+            raise LinkLoop(self.path)
+        self.todo[:0] = [p for p in target.split("/") if p not in ("", ".")]
+        return target.startswith("/")
+
+
 def _resolve(root: str, path: str) -> str | None:
     """resolve_in_root, with a loop raised as LinkLoop rather than taken for absence."""
-    parts = [p for p in path.split("/") if p not in ("", ".")]
     done: list[str] = []
-    links = 0
-    while parts:
-        part = parts.pop(0)
+    walk = Walk(path)
+    for part in walk:
         if part == "..":
             if done:
                 done.pop()
@@ -72,13 +95,8 @@ def _resolve(root: str, path: str) -> str | None:
         except OSError:
             return None
         if stat.S_ISLNK(st.st_mode):
-            links += 1
-            if links > MAX_LINKS:
-                raise LinkLoop(path)
-            target = os.readlink(candidate)
-            if target.startswith("/"):
+            if walk.follow(os.readlink(candidate)):
                 done = []
-            parts = [p for p in target.split("/") if p not in ("", ".")] + parts
             continue
         done.append(part)
     return os.path.join(root, *done) if done else root.rstrip("/") or "/"

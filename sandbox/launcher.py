@@ -60,16 +60,17 @@ def write_launcher(path: str, strip: str = "") -> None:
     from sandbox.flags import GLOBAL_VALUES
     from sandbox.server_client import SERVED
 
-    tmp = f"{path}.tmp{os.getpid()}"
     cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        with open(tmp, "w") as f:
-            f.write(f"#!{_unstaged(sys.executable, strip)} -IS\nimport sys\n"
-                    f"sys.path[:0] = {[_unstaged(p, strip) for p in import_paths()]!r}\n{MAIN}\n")
-        os.chmod(tmp, 0o755)
-    else:
-        source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.c")
-        with tempfile.TemporaryDirectory() as d:
+    # built in a private directory beside it (no name anyone could plant a link at), then
+    # renamed into place whole
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(path))) as d:
+        tmp = os.path.join(d, "sandbox")
+        if cc is None:
+            with open(tmp, "w") as f:
+                f.write(f"#!{_unstaged(sys.executable, strip)} -IS\nimport sys\n"
+                        f"sys.path[:0] = {[_unstaged(p, strip) for p in import_paths()]!r}\n{MAIN}\n")
+        else:
+            source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.c")
             config = os.path.join(d, "config.h")
             with open(config, "w") as f:
                 f.write(f"#define SANDBOX_PYTHON {c_string(_unstaged(sys.executable, strip))}\n"
@@ -78,7 +79,8 @@ def write_launcher(path: str, strip: str = "") -> None:
                         f"#define SANDBOX_GLOBAL_VALUES {', '.join(map(c_string, GLOBAL_VALUES))}\n")
             subprocess.run([cc, "-O2", "-Wall", "-Werror", f'-DSANDBOX_CONFIG="{config}"', "-o", tmp, source,
                             os.path.join(os.path.dirname(source), "frontend.c")], check=True)
-    os.replace(tmp, path)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
 
 
 if __name__ == "__main__":

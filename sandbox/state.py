@@ -189,20 +189,10 @@ class StateDir:
 
     @staticmethod
     def _write_json(d: int, state: State) -> None:
-        """state.json in the directory ``d``, replaced whole: written to a temp file of an
-        unpredictable name made exclusively, then renamed over it."""
-        tmp = f"state.json.{os.urandom(8).hex()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=d)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(state.to_json())
-            os.replace(tmp, "state.json", src_dir_fd=d, dst_dir_fd=d)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=d)
-            except OSError:
-                pass
-            raise
+        """state.json in the directory ``d``, replaced whole (sandbox/atomic.py)."""
+        from sandbox.atomic import replace_whole
+
+        replace_whole("state.json", state.to_json().encode(), 0o600, dir_fd=d)
 
     def open(self, name: str, flags: int) -> int:
         """A file of ours in the directory (never through a link)."""
