@@ -110,6 +110,37 @@ def test_each_rule_refuses_in_one_line(rule, changes, named):
     assert e.value.exit_code == 2
 
 
+# what the parser itself refuses (ranges, NUL characters, nesting): (changes, words the line names)
+PARSE = [
+    ({"process__user__uid": 2**64}, ["process.user.uid", "out of range"]),
+    ({"process__user__gid": -1}, ["process.user.gid"]),
+    ({"process__rlimits": [{"type": "RLIMIT_NOFILE", "soft": 2**64, "hard": 2**64}]}, ["process.rlimits[0].soft"]),
+    ({"process__rlimits": [{"type": "RLIMIT_BOGUS", "soft": 1, "hard": 1}]}, ["RLIMIT_BOGUS"]),
+    ({"process__env": ["A=b\0c"]}, ["$.process.env[0]", "NUL"]),
+    ({"process__cwd": "/tmp\0x"}, ["$.process.cwd", "NUL"]),
+    ({"hostname": "a\0b"}, ["$.hostname", "NUL"]),
+    ({"mounts": [{"destination": "/mnt", "type": "bind", "source": "/tmp\0", "options": ["bind"]}]},
+     ["$.mounts[0].source", "NUL"]),
+    ({"linux__devices": [{"path": "/dev/x", "type": "c", "major": 2**40, "minor": 1}]}, ["linux.devices[0].major"]),
+]
+
+
+@pytest.mark.parametrize("changes,words", PARSE)
+def test_the_parser_refuses_in_one_line(changes, words):
+    with pytest.raises(BundleError) as e:
+        parse_spec(json.dumps(spec_with(**changes)).encode(), "/b/config.json")
+    message = str(e.value)
+    assert message.startswith("/b/config.json") and "\n" not in message and e.value.exit_code == 2, message
+    assert all(w in message for w in words), message
+
+
+def test_nesting_too_deep_is_one_line():
+    deep = 100_000
+    text = json.dumps(BASE).replace('"hostname"', '"x": ' + "[" * deep + "]" * deep + ', "hostname"', 1)
+    with pytest.raises(BundleError, match=r"^/b/config.json: .*nested too deeply[^\n]*$"):
+        parse_spec(text.encode(), "/b/config.json")
+
+
 GOOD = [
     ("the base", {}),
     ("S6 fileMode with the type's bits, dropped as runc drops them",
