@@ -15,7 +15,7 @@ import time
 import msgspec
 import prctl
 
-from gofer import gpu, process, protocol, rootfs, seccomp, userns
+from gofer import gpu, process, protocol, remote_init, rootfs, seccomp, userns
 from gofer import syscalls as sc
 from gofer.cgroups import Pinned, own_cgroups
 from gofer.hooks import run_hooks
@@ -188,10 +188,12 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     fifo = os.open(start.exec_fifo, os.O_RDWR | os.O_CLOEXEC) if start.exec_fifo else None
     console = process.connect_console(start.console_socket) if start.console_socket else None
     # libseccomp is a host library: load it and build the filter here
-    filt = None
+    filt = bpf = None
     if spec.linux.seccomp is not None:
         with spans.span("seccomp compile", rules=len(spec.linux.seccomp.syscalls)):
             filt = seccomp.compile_filter(spec.linux.seccomp)
+            if start.launcher_fd is not None:  # (libseccomp is a host library: export it now)
+                bpf = filt.ctx.export_bpf()
     in_userns, userns_path = userns.new_namespace(spec)
     sources = None
     if in_userns:
@@ -208,35 +210,18 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         userns.become_root()
         if not start.detached:
             prctl.set_pdeathsig(signal.SIGKILL)  # (a change of credentials clears it)
-    # the container's cgroups (we are in them), read before a cgroup namespace hides them
-    cgroups = own_cgroups() if any(m.type == "cgroup" for m in spec.mounts) else {}
-    with spans.span("unshare"):
-        flags, joined = rootfs.enter_namespaces(spec, done=sc.CLONE_NEWNS if in_userns else 0)
-        if flags & sc.CLONE_NEWNET:
-            sc.loopback_up()
-    new_pid = (flags | joined) & sc.CLONE_NEWPID
-    if new_pid:
-        # A new pid namespace applies to children: fork its pid 1 now, before any mount, so
-        # that procfs is mounted from inside the namespace it should show.
+    chan = None
+    if start.launcher_fd is not None:  # served create: pid 1 is the launcher's child
         t = time.monotonic_ns()
-        # pid 1 will pivot_root in the mount namespace we share, which detaches the host's
-        # cgroup mounts from our view, perhaps before we run again after the fork: hold what
-        # we would remove by fds opened first. (In a user namespace the keeper above us
-        # removes the cgroups: we cannot.)
-        pinned = None if in_userns or start.detached else Leftovers(start.cgroup_created, start.state_dir)
-        child = os.fork()
-        if child:
-            sock.close()
-            if start.detached:  # create: the init outlives us; the caller (a subreaper) reaps it
-                os._exit(0)
-            _wait_pid1(child, parent, pinned)
-        if pinned is not None:
-            pinned.close()
-        if not start.detached:
-            prctl.set_pdeathsig(signal.SIGKILL)
-    host_pid = spans.pid = _host_pid()  # read while /proc is still the host's
-    if new_pid:
-        spans.add("fork pid 1", t)
+        init, chan = remote_init.clone(socket.socket(fileno=start.launcher_fd), spec, start.preserve_fds)
+        cgroups = own_cgroups(init) if any(m.type == "cgroup" for m in spec.mounts) else {}
+        remote_init.join(init)  # its child from here on, in its namespaces
+        if rootfs.namespace_flags(spec)[0] & sc.CLONE_NEWNET:
+            sc.loopback_up()
+        host_pid = spans.pid = init
+        spans.add("clone pid 1", t)
+    else:
+        host_pid, cgroups = _enter(spec, start, sock, parent, in_userns, spans)
 
     with spans.span("rootfs"):
         # In a user namespace the image's files stay the host's (nobody's, in there): no
@@ -315,6 +300,19 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             global _started
             _started = True
 
+    if chan is not None:  # served create: pid 1 runs the tail (sandbox/frontend.c)
+        assert fifo is not None
+
+        def remote_ready() -> None:
+            spans.add("user", t_user)
+            sc.leave_host_proc()
+            spans.add("exec", time.monotonic_ns())
+            protocol.send(sock, protocol.Ready(spans.items, host_pid))
+            if not isinstance(protocol.recv_request(sock), protocol.Resume):
+                raise GoferError("the supervisor exited before recording the container")
+
+        remote_init.hand_over(chan, proc, bpf, fifo, remote_ready)
+        os._exit(0)
     start_hooks = None
     if hooks is not None and hooks.start_container:
         def start_hooks() -> None:
@@ -323,6 +321,43 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     # with the host's privileges: see the _keeper call above)
     process.tail(proc, console, spec.linux.personality, "late" if in_userns else "all", filt,
                  rlimits=not in_userns, ready=ready, pdeathsig=not start.detached, before_exec=start_hooks)
+
+
+def _enter(spec, start: protocol.Start, sock: socket.socket, parent: int, in_userns: bool,
+           spans: Spans) -> tuple[int, dict[str, str]]:
+    """Into the spec's namespaces; in a new pid namespace, fork its pid 1 and go on as it (the
+    parent stays to wait for it, or exits for create). Returns (our pid as the host sees it,
+    the container's cgroups for a cgroup mount)."""
+    # the container's cgroups (we are in them), read before a cgroup namespace hides them
+    cgroups = own_cgroups() if any(m.type == "cgroup" for m in spec.mounts) else {}
+    with spans.span("unshare"):
+        flags, joined = rootfs.enter_namespaces(spec, done=sc.CLONE_NEWNS if in_userns else 0)
+        if flags & sc.CLONE_NEWNET:
+            sc.loopback_up()
+    new_pid = (flags | joined) & sc.CLONE_NEWPID
+    if new_pid:
+        # A new pid namespace applies to children: fork its pid 1 now, before any mount, so
+        # that procfs is mounted from inside the namespace it should show.
+        t = time.monotonic_ns()
+        # pid 1 will pivot_root in the mount namespace we share, which detaches the host's
+        # cgroup mounts from our view, perhaps before we run again after the fork: hold what
+        # we would remove by fds opened first. (In a user namespace the keeper above us
+        # removes the cgroups: we cannot.)
+        pinned = None if in_userns or start.detached else Leftovers(start.cgroup_created, start.state_dir)
+        child = os.fork()
+        if child:
+            sock.close()
+            if start.detached:  # create: the init outlives us; the caller (a subreaper) reaps it
+                os._exit(0)
+            _wait_pid1(child, parent, pinned)
+        if pinned is not None:
+            pinned.close()
+        if not start.detached:
+            prctl.set_pdeathsig(signal.SIGKILL)
+    host_pid = spans.pid = _host_pid()  # read while /proc is still the host's
+    if new_pid:
+        spans.add("fork pid 1", t)
+    return host_pid, cgroups
 
 
 def _keeper(sock: socket.socket, start: protocol.Start, parent: int, path: str | None) -> int:

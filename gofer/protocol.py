@@ -50,6 +50,7 @@ class Start(msgspec.Struct, frozen=True, tag_field="kind", tag="start"):
     hooks_pause: bool = False  # stop before pivot_root for the runtime-namespace hooks
     cgroup_created: list[str] = []  # what to remove if the supervisor dies under a running pid 1
     state_dir: str | None = None  # sandbox run's state directory: removed with them
+    launcher_fd: int | None = None  # served create: our fd of the launcher's connection (gofer/remote_init.py)
 
 
 class Resume(msgspec.Struct, frozen=True, tag_field="kind", tag="resume"):

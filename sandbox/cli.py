@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
 
 def main(argv: list[str] | None = None, frontend=None) -> int:
-    """``frontend``: the warm server's exec front end (sandbox/exec_frontend.py), for exec
-    in the server's child: sealed already, and no thread of ours (it enters namespaces)."""
+    """``frontend``: the warm server's exec or create front end (sandbox/exec_frontend.py,
+    sandbox/create_frontend.py), in the server's child: sealed already, and no thread of ours
+    (it enters namespaces); create forks its gofer once the front end has taken the bundle."""
     argv = sys.argv[1:] if argv is None else argv
     gofer = None
     verb = flags.verb_of(argv)
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
         from sandbox.fork import warm_cgroup_lock
 
         warm = warm_cgroup_lock()
-    if verb in ("run", "create"):
+    if verb in ("run", "create") and frontend is None:
         # Fork the gofer before anything is imported or parsed (see sandbox/launch.py).
         from sandbox.fork import spawn_gofer
 

@@ -13,10 +13,14 @@ def main(args, gofer: Gofer | None = None) -> int:
 
     from gofer.spans import Spans
 
+    frontend = getattr(args, "frontend", None)  # the warm server's: the launcher forks (sandbox/create_frontend.py)
+    if frontend is not None:
+        frontend.check(args)  # (a Decline: the launcher runs create in Python, nothing done)
     gofer = gofer or spawn_gofer()
     spans = Spans(True, os.getpid())  # kept only if a trace is asked for (flag or annotation)
     spans.add("imports + argv", gofer.t0)
-    started = launch(options(args, detached=True, foreground=False), gofer, spans)
+    started = launch(options(args, detached=True, foreground=False), gofer, spans,
+                     frontend.launcher() if frontend is not None else None)
     if args.pid_file:
         write_pid_file(args.pid_file, started.pid)
     if started.trace:  # the container exists now: a trace that cannot be written only warns

@@ -21,34 +21,18 @@ from __future__ import annotations
 
 import array
 import os
-import resource
 import socket
 
 from gofer import enter, process
 from gofer import syscalls as sc
+from gofer.frontend_plan import command_records, encode, process_records, seccomp_memfd, unsupported
 from gofer.seccomp import compile_filter
-from mounts.errors import ExecError, ProcessError, SandboxError
+from mounts.errors import SandboxError
 from mounts.spec import Personality, Process, Seccomp
-
-MAX_PLAN = 200_000  # bytes: well inside a SOCK_SEQPACKET message (the socket's send buffer)
-MAX_FDS = 64  # frontend.c's PLAN_FDS
 
 
 class Decline(Exception):
-    """Not for the front end: the launcher runs exec in Python (nothing has happened yet)."""
-
-
-def unsupported(proc: Process, console, seccomp: Seccomp | None, personality: Personality | None) -> str | None:
-    if console is not None or proc.terminal:
-        return "a terminal"
-    if personality is not None or proc.scheduler is not None or proc.io_priority is not None:
-        return "scheduling or a personality"
-    if proc.apparmor_profile or proc.selinux_label:
-        return "an LSM label"
-    if seccomp is not None and (seccomp.flags or seccomp.listener_path or seccomp.default_action == "SCMP_ACT_NOTIFY"
-                                or any(r.action == "SCMP_ACT_NOTIFY" for r in seccomp.syscalls)):
-        return "seccomp flags or a listener"
-    return None
+    """Not for the front end: the launcher runs the verb in Python (nothing has happened yet)."""
 
 
 class Frontend:
@@ -65,17 +49,7 @@ class Frontend:
         why = unsupported(proc, console, seccomp, personality)
         if why is not None:
             raise Decline(why)
-        caps = proc.capabilities or process.NO_CAPABILITIES
-        masks = [sum(1 << c for c in process._cap_numbers(getattr(caps, f), f))
-                 for f in ("bounding", "permitted", "inheritable", "effective", "ambient")]
-        user = proc.user
-        records = ["plan 1", f"detach {int(detach)}", f"preserve {preserve_fds}",
-                   f"nnp {int(proc.no_new_privileges)}", f"lastcap {process.LAST_CAP}",
-                   f"umask {user.umask if user.umask is not None else process.DEFAULT_UMASK}",
-                   f"codes {ProcessError.exit_code} {ExecError.exit_code}", "caps " + " ".join(f"{m:x}" for m in masks),
-                   f"user {user.uid} {user.gid}", *(f"group {g}" for g in user.additional_gids)]
-        records += [f"rlimit {getattr(resource, rl.type)} {rl.soft} {rl.hard} {rl.type} soft {rl.soft} hard {rl.hard}"
-                    for rl in proc.rlimits]
+        records = ["plan 1", f"detach {int(detach)}", f"preserve {preserve_fds}", *process_records(proc)]
         fds = enter.open_namespaces(init, start_time)
         sent: list[int] = []
         try:
@@ -90,15 +64,11 @@ class Frontend:
                 sent.append(entry.cwd)
                 records.append(f"cwd {proc.cwd}")
             if seccomp is not None:
-                bpf = compile_filter(seccomp).ctx.export_bpf()
-                memfd = os.memfd_create("seccomp-bpf", os.MFD_CLOEXEC)
-                sent.append(memfd)
-                os.write(memfd, bpf)
+                sent.append(seccomp_memfd(compile_filter(seccomp).ctx.export_bpf()))
                 records.append(f"seccomp {'late' if proc.no_new_privileges else 'early'}")
-            records += [f"arg {a}" for a in proc.args]
-            records += [f"env {k}={v}" for k, v in process.environment(proc, entry).items()]
-            data = b"".join(os.fsencode(r) + b"\0" for r in records)
-            if any("\0" in r for r in records) or len(data) > MAX_PLAN or len(sent) > MAX_FDS:
+            records += command_records(proc, entry)
+            data = encode(records, sent)
+            if data is None:
                 raise Decline("a plan too big for one message")
             self.conn.settimeout(None)  # (the request's deadline is over; the report comes at exec)
             self.conn.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", sent))])

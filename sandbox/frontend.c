@@ -63,7 +63,7 @@ struct plan {
     int nns;
     struct { int fd; const char *path; } cgroups[32];
     int ncgroups;
-    int cwd;
+    int cwd, fifo;
     const char *cwd_text;
     struct sock_filter *bpf;
     unsigned short bpf_len;
@@ -73,7 +73,8 @@ struct plan {
 
 static int report_fd = -1;
 
-/* One "err CODE MESSAGE" line to P (gofer/enter.py's report), then exit with CODE. */
+/* One "err CODE MESSAGE" line to P (gofer/enter.py's report), then exit with CODE; a
+ * created init past start has nobody to tell but the container's stderr (as gofer/main.py). */
 static void fail(int code, const char *fmt, ...) {
     char msg[2048];
     va_list ap;
@@ -83,7 +84,10 @@ static void fail(int code, const char *fmt, ...) {
     if (n < 0) n = 0;
     for (char *p = msg; *p; p++)
         if (*p == '\n') *p = ' ';
-    dprintf(report_fd, "err %d %s\n", code, msg);
+    if (report_fd >= 0)
+        dprintf(report_fd, "err %d %s\n", code, msg);
+    else
+        dprintf(2, "sandbox: %s\n", msg);
     _exit(code);
 }
 
@@ -100,7 +104,7 @@ static const char *next_item(const char **p, const char *end) {
 /* The plan's records; -1 on anything malformed (the launcher then says so: never a guess). */
 static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds) {
     memset(pl, 0, sizeof *pl);
-    pl->cwd = -1, pl->code_process = 1, pl->code_exec = 127;
+    pl->cwd = -1, pl->fifo = -1, pl->code_process = 1, pl->code_exec = 127;
     const char *p = buf, *end = buf + n, *item;
     int fdi = 0;
 #define TAKE_FD() (fdi < nfds ? fds[fdi++] : -1)
@@ -143,6 +147,8 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
             if (pl->ncgroups == 32) return -1;
             pl->cgroups[pl->ncgroups].path = v;
             if ((pl->cgroups[pl->ncgroups++].fd = TAKE_FD()) < 0) return -1;
+        } else if (!strcmp(item, "fifo")) {
+            if ((pl->fifo = TAKE_FD()) < 0) return -1;
         } else if (!strncmp(item, "cwd ", 4)) {
             pl->cwd_text = v;
             if ((pl->cwd = TAKE_FD()) < 0) return -1;
@@ -199,6 +205,21 @@ static void exec_process(struct plan *pl) {
     fail(pl->code_exec, "exec %s: %s", file, strerror(saved ? saved : ENOENT));
 }
 
+/* A created init, its user and capabilities set: "ready" to the gofer, which records the
+ * container and answers with one byte (its EOF instead: it gave up, and so do we); then the
+ * wait for `sandbox start`, whose byte comes through exec.fifo (open read-write: no EOF). */
+static void wait_for_start(struct plan *pl) {
+    char c;
+    ssize_t r;
+    if (dprintf(report_fd, "ready\n") < 0) _exit(1);
+    do r = read(report_fd, &c, 1); while (r < 0 && errno == EINTR);
+    if (r != 1) _exit(1);
+    close(report_fd);
+    report_fd = -1;
+    do r = read(pl->fifo, &c, 1); while (r < 0 && errno == EINTR);
+    close(pl->fifo);
+}
+
 /* G: the process, set up as gofer/process.py's become and exec_process do. */
 static void process(struct plan *pl) {
     if (pl->cwd >= 0 && fchdir(pl->cwd) == 0) { /* as root first (a 0700 cwd is still the process's) */
@@ -229,6 +250,7 @@ static void process(struct plan *pl) {
         if (ambient >> cap & 1 && prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0) < 0)
             fail(1, "prctl PR_CAP_AMBIENT_RAISE %d: %s", cap, strerror(errno));
     prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0);
+    if (pl->fifo >= 0) wait_for_start(pl);
     setsid();
     umask((mode_t)pl->umask);
     if (pl->cwd >= 0) {
@@ -350,4 +372,131 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds) {
     while (waitpid(g, &status, 0) < 0)
         if (errno != EINTR) return 1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+
+/* The created init (served create): the launcher's child, pid 1 of the container's new pid
+ * namespace. The gofer builds its root from inside its namespaces (pivot_root takes this
+ * process's root along) and sends the process on ``chan``: the same plan as exec's, with
+ * exec.fifo. Never returns. */
+static void init_process(int chan) {
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    report_fd = chan;
+    char *buf = malloc(MAX_REQUEST + 1);
+    int fds[MAX_FDS], nfds = 0;
+    union { char buf[CMSG_SPACE(MAX_FDS * sizeof(int))]; struct cmsghdr align; } control;
+    struct iovec iov = {.iov_base = buf, .iov_len = MAX_REQUEST};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    ssize_t r = -1;
+    if (buf != NULL)
+        do r = recvmsg(chan, &msg, MSG_CMSG_CLOEXEC); while (r < 0 && errno == EINTR);
+    if (r <= 0) _exit(1); /* the gofer gave up before the plan (it says why) */
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < k && nfds < MAX_FDS; i++) memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        }
+    struct plan pl;
+    if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || parse(&pl, buf, (size_t)r, fds, nfds) < 0 || pl.fifo < 0)
+        fail(1, "the server's plan for the init is not one this launcher reads (rebuild both)");
+    for (int i = 0; i < pl.nrlimits; i++) {
+        struct rlimit rl = {.rlim_cur = pl.rlimits[i].soft, .rlim_max = pl.rlimits[i].hard};
+        if (setrlimit(pl.rlimits[i].resource, &rl) < 0)
+            fail(pl.code_process, "process.rlimits: %s: %s", pl.rlimits[i].text, strerror(errno));
+    }
+    process(&pl);
+}
+
+/* create, served: the server's "clone" records (the namespaces to join, by fd, and the
+ * flags to unshare, the oom_score_adj, the --preserve-fds) are carried out here, in the
+ * process the engine started, which is in the container's cgroups already; then its child,
+ * the container's pid 1, waits for its plan (init_process). The gofer gets "pid N" with the
+ * channel to it, or "err CODE MESSAGE"; the server then answers with the exit code. */
+int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds) {
+    int preserve = 0, unshare_flags = 0, oom_set = 0, nns = 0, fdi = 0;
+    long oom = 0;
+    struct { int fd, flag; const char *name; } ns[8];
+    const char *p = buf, *end = buf + n, *item;
+    while (p < end && (item = next_item(&p, end)) != NULL) {
+        const char *v = strchr(item, ' ');
+        v = v ? v + 1 : "";
+        if (!strncmp(item, "clone", 5)) continue;
+        else if (!strncmp(item, "preserve ", 9)) preserve = atoi(v);
+        else if (!strncmp(item, "unshare ", 8)) unshare_flags = atoi(v);
+        else if (!strncmp(item, "oom ", 4)) oom = strtol(v, NULL, 10), oom_set = 1;
+        else if (!strncmp(item, "ns ", 3) && nns < 8 && fdi < nfds) {
+            const char *name = strchr(v, ' ');
+            ns[nns].flag = atoi(v), ns[nns].name = name ? name + 1 : "?", ns[nns++].fd = fds[fdi++];
+        } else {
+            fprintf(stderr, "sandbox create: the server's plan is not one this launcher reads (rebuild both)\n");
+            return 1;
+        }
+    }
+    if (fdi != nfds) {
+        fprintf(stderr, "sandbox create: the server's plan is not one this launcher reads (rebuild both)\n");
+        return 1;
+    }
+    syscall(SYS_close_range, 3 + preserve, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
+    char report[2048];
+    int chan[2] = {-1, -1};
+    pid_t init = -1;
+    report[0] = '\0';
+    if (oom_set) {
+        int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || dprintf(fd, "%ld", oom) < 0)
+            snprintf(report, sizeof report, "err 1 process.oomScoreAdj %ld: %s\n", oom, strerror(errno));
+        if (fd >= 0) close(fd);
+    }
+    for (int i = 0; i < nns && !report[0]; i++)
+        if (setns(ns[i].fd, ns[i].flag) < 0)
+            snprintf(report, sizeof report, "err 1 setns the container's %s namespace: %s\n", ns[i].name, strerror(errno));
+    if (!report[0] && unshare(unshare_flags) < 0)
+        snprintf(report, sizeof report, "err 1 linux.namespaces: cannot create the container's namespaces: %s\n",
+                 strerror(errno));
+    /* "/" of the new mount namespace: pivot_root moves a cwd there into the container's root,
+     * where our caller's (a host directory) would stay reachable through pid 1's cwd */
+    if (!report[0] && chdir("/") < 0)
+        snprintf(report, sizeof report, "err 1 chdir /: %s\n", strerror(errno));
+    if (!report[0] && socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, chan) < 0)
+        snprintf(report, sizeof report, "err 1 socketpair: %s\n", strerror(errno));
+    if (!report[0] && (init = fork()) < 0)
+        snprintf(report, sizeof report, "err 1 fork: %s\n", strerror(errno));
+    if (init == 0) {
+        close(s);
+        close(chan[0]);
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        init_process(chan[1]);
+    }
+    for (int i = 0; i < nfds; i++) close(fds[i]);
+    if (!report[0]) snprintf(report, sizeof report, "pid %d\n", init);
+    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } control;
+    struct iovec iov = {.iov_base = report, .iov_len = strlen(report)};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (init > 0) {
+        close(chan[1]);
+        msg.msg_control = control.buf, msg.msg_controllen = sizeof control.buf;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &chan[0], sizeof(int));
+    }
+    ssize_t r = sendmsg(s, &msg, 0);
+    if (chan[0] >= 0) close(chan[0]);
+    char reply[512];
+    if (r >= 0)
+        do r = recv(s, reply, sizeof reply - 1, 0); while (r < 0 && errno == EINTR);
+    close(s);
+    int code = 1;
+    if (r > 0) {
+        reply[r] = '\0';
+        const char *v = field(reply, "code");
+        code = v ? atoi(v) & 0xff : 1;
+    } else {
+        fprintf(stderr, "sandbox create: the server died before it answered\n");
+    }
+    if (code != 0 && init > 0) { /* (it gives up on its own at the gofer's EOF; a zombie left to the engine would not) */
+        kill(init, SIGKILL);
+        while (waitpid(init, NULL, 0) < 0 && errno == EINTR) {}
+    }
+    return code;
 }

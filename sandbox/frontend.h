@@ -1,4 +1,4 @@
-/* The exec front end (frontend.c), called by the launcher (launcher.c) with the server's plan. */
+/* The exec and create front end (frontend.c), called by the launcher (launcher.c) with the server's plan. */
 #ifndef SANDBOX_FRONTEND_H
 #define SANDBOX_FRONTEND_H
 #include <stddef.h>
@@ -8,5 +8,9 @@
 /* Runs the plan (buf, n; fds as received) on the server's connection s: the exit code of
  * `sandbox exec`, the process's own when not detached. */
 int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds);
+
+/* The same for create's "clone" records: the container's pid 1 made here, as the launcher's
+ * child (the server's gofer builds its root and sends it its process). The exit code. */
+int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds);
 
 #endif

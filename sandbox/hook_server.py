@@ -39,8 +39,9 @@ A served verb (state, kill, delete, start, ...) comes from the `sandbox` launche
 These verbs fork nothing the container runs (poststart and poststop hooks are the spec's
 commands, run to completion), so nothing needs to descend from the engine's process. exec
 does fork the container's process: its child answers with a plan, not {"running"}, and the
-launcher forks (sandbox/exec_frontend.py, sandbox/frontend.c). run and create always run
-in the launcher's own Python. A server keeps the code it started with: restart it after an
+launcher forks (sandbox/exec_frontend.py, sandbox/frontend.c); so does create's, whose
+gofer has the launcher fork the init and builds its root (sandbox/create_frontend.py,
+gofer/remote_init.py). run always runs in the launcher's own Python. A server keeps the code it started with: restart it after an
 upgrade.
 """
 
@@ -249,15 +250,15 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     t = time.monotonic()
     argv, cwd, umask, env = request.get("verb") or [], request.get("cwd"), request.get("umask"), request.get("env")
     verb = flags.verb_of(argv) if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
-    if not ((verb in SERVED or verb == "exec") and isinstance(cwd, str) and isinstance(umask, int)
+    if not ((verb in SERVED or verb in ("exec", "create")) and isinstance(cwd, str) and isinstance(umask, int)
             and 0 <= umask <= 0o777 and isinstance(env, list) and all(isinstance(e, str) and "=" in e for e in env)
             and len(fds) == 3):
         _decline(conn, "a request the launcher does not send", read=False)
         return 0
-    if verb == "exec":
+    if verb in ("exec", "create"):
         lean = flags.lean_args(argv)
-        if lean is None or lean.tty or lean.console_socket:  # (before exec_cmd connects to a console socket)
-            _decline(conn, "exec: a terminal, or a command line for argparse", read=False)
+        if lean is None or getattr(lean, "tty", False) or lean.console_socket:  # (before a console socket is connected)
+            _decline(conn, f"{verb}: a terminal, or a command line for argparse", read=False)
             return 0
     try:
         os.chdir(cwd)
@@ -273,12 +274,21 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     os.environ.update(e.split("=", 1) for e in env)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    frontend = None
+    frontend: object = None
     if verb == "exec":
         # exec answers with a plan (or an error's code) for the launcher to carry out
         from sandbox.exec_frontend import Decline, Frontend
 
         frontend = Frontend(conn)
+    elif verb == "create":
+        # create's gofer has the launcher fork the init (or the verb ends with an error's code)
+        import socket
+
+        from sandbox.create_frontend import CreateFrontend
+        from sandbox.exec_frontend import Decline
+
+        pid = unpack_cred(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        frontend = CreateFrontend(conn, pid)
     else:
         conn.sendall(b'{"running": true}')  # from here on the verb is ours: died, the launcher may not redo it
     try:
@@ -286,10 +296,10 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     except SystemExit as e:  # argparse: an error (2) or --help (0)
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except Exception as e:
-        if frontend is None or not isinstance(e, Decline) or frontend.planned:
+        if frontend is None or not isinstance(e, Decline) or getattr(frontend, "planned", True):
             raise
         os.dup2(log, 2)  # (the decline's line goes to our log, not the caller's stderr)
-        _decline(conn, f"exec: {e}", read=False)
+        _decline(conn, f"{verb}: {e}", read=False)
         return 0
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -380,12 +390,14 @@ def _preload() -> None:
     import sandbox.config  # noqa: F401
     import sandbox.hook_cmd  # noqa: F401
     import sandbox.trace  # noqa: F401
-    from gofer import embed, enter, gpu, root, seccomp, spans  # noqa: F401
+    from gofer import embed, enter, gpu, main, remote_init, root, seccomp, spans  # noqa: F401
     from mounts import bundle, driver, elf, ldcache, plan, request, spec  # noqa: F401
     from sandbox import (  # noqa: F401
         api,
         atomic,
         cdi_cmd,
+        create_cmd,
+        create_frontend,
         delete_cmd,
         exec_cmd,
         exec_frontend,

@@ -79,10 +79,12 @@ NO_DEVICE_RULES = ("no devices cgroup here (a v1 devices controller, or cgroup v
                    "device access: refusing to run it")
 
 
-def launch(opts: Options, gofer: Gofer, spans) -> Launched:
+def launch(opts: Options, gofer: Gofer, spans, launcher: tuple[int, int] | None = None) -> Launched:
     """Claim the id, stream the plan, run the runtime-namespace hooks when the gofer pauses,
     and return once the init is ready. On any failure nothing is left: the gofer and the init
-    are killed, the state directory removed, and the error (one line) raised."""
+    are killed, the state directory removed, and the error (one line) raised. ``launcher``:
+    served create's (pid, connection fd): the launcher goes into the cgroup, and the gofer
+    has it fork the init (gofer/remote_init.py)."""
     import prctl
 
     from gofer import protocol
@@ -124,7 +126,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                                       f"with a terminal ({bundle.path}/config.json: process.terminal is "
                                       f"{str(spec.process.terminal).lower()})")
             with spans.span("cgroup"):
-                cgroup = _cgroup(spec, opts, gofer.pid, sd)
+                cgroup = _cgroup(spec, opts, launcher[0] if launcher else gofer.pid, sd)
                 gofer.warm[0] = False
                 if not devices_enforced(cgroup.dirs.values() if cgroup else ()):
                     # fail closed: without device rules a node in the image (or one made
@@ -139,7 +141,7 @@ def launch(opts: Options, gofer: Gofer, spans) -> Launched:
                 scratch_size=opts.scratch_size, id=opts.cid, exec_fifo=sd.fifo if opts.detached else None,
                 console_socket=opts.console_socket, detached=opts.detached, preserve_fds=opts.preserve_fds,
                 hooks_pause=pause, cgroup_created=cgroup.created if cgroup is not None else [],
-                state_dir=sd.dir if opts.foreground else None))
+                state_dir=sd.dir if opts.foreground else None, launcher_fd=launcher[1] if launcher else None))
             if request is not None:
                 _stream_plan(sock, request, bundle, opts, spans, cgroup)
             if cgroup is not None:
@@ -242,7 +244,7 @@ def _own_pid_ns(spec) -> bool:
 
 
 def _cgroup(spec, opts: Options, gofer: int, sd):
-    """The container's cgroup, limits and device rules applied, with the gofer in it before
+    """The container's cgroup, limits and device rules applied, with ``gofer`` in it before
     it forks the init (which inherits it). None on a host without any cgroup hierarchy.
     The directories it will make are in the state first: a create killed at any point is
     then deleted whole by `delete --force`."""

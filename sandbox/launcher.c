@@ -20,9 +20,10 @@
  * and stderr as SCM_RIGHTS, so the server's forked child writes where the verb would, and
  * the exit code comes back. No Python starts here. Where the server is of no use (none
  * listens, it is not root's, it declines, a full queue for a second, an argument that is not
- * UTF-8) the verb runs here as before. `exec` goes the same way after this program has
- * re-executed itself from a read-only view of itself: the server answers with a plan that
- * frontend.c carries out in this process tree (sandbox/exec_frontend.py).
+ * UTF-8) the verb runs here as before. `exec` and `create` go the same way after this
+ * program has re-executed itself from a read-only view of itself: the server answers with a
+ * plan that frontend.c carries out in this process tree (sandbox/exec_frontend.py,
+ * sandbox/create_frontend.py).
  *
  * sandbox/launcher.py builds this file with SANDBOX_PYTHON (the interpreter, as argv[0]
  * names it), SANDBOX_CODE (the program for -c), SANDBOX_SERVED and SANDBOX_GLOBAL_VALUES
@@ -162,9 +163,9 @@ static int served(int argc, char **argv) {
 
 #define PLAN_FDS 64
 
-/* exec, planned by the server and carried out here (frontend.c): its exit code, or -1 where
- * the server is of no use (nothing has happened yet: Python's exec runs). */
-static int served_exec(int argc, char **argv) {
+/* exec or create, planned by the server and carried out here (frontend.c): its exit code,
+ * or -1 where the server is of no use (nothing has happened yet: the verb runs in Python). */
+static int served_plan(int argc, char **argv) {
     int s = send_request(argc, argv);
     if (s < 0) return -1;
     size_t cap = MAX_REQUEST;
@@ -189,13 +190,13 @@ static int served_exec(int argc, char **argv) {
         return -1; /* never taken up, or a plan too big for us: Python's exec */
     }
     buf[r] = '\0';
-    if (strncmp(buf, "plan", 4) != 0) { /* {"fallback"}, or {"code"}: the error already printed */
-        close(s);
-        int code = field(buf, "fallback") ? -1 : (field(buf, "code") ? atoi(field(buf, "code")) & 0xff : 1);
-        free(buf);
-        return code;
-    }
-    return frontend_exec(s, buf, (size_t)r, fds, nfds);
+    if (strncmp(buf, "plan", 4) == 0) return frontend_exec(s, buf, (size_t)r, fds, nfds);
+    if (strncmp(buf, "clone", 5) == 0) return frontend_create(s, buf, (size_t)r, fds, nfds);
+    for (int i = 0; i < nfds; i++) close(fds[i]);
+    close(s); /* {"fallback"}, or {"code"}: the error already printed */
+    int code = field(buf, "fallback") ? -1 : (field(buf, "code") ? atoi(field(buf, "code")) & 0xff : 1);
+    free(buf);
+    return code;
 }
 
 /* Whether this very program runs from a read-only mount (a sealed view of itself). */
@@ -229,11 +230,11 @@ int main(int argc, char **argv)
         if (code >= 0)
             return code;
     }
-    if (verb && strcmp(verb, "exec") == 0 && server_listens()) {
+    if (verb && (strcmp(verb, "exec") == 0 || strcmp(verb, "create") == 0) && server_listens()) {
         if (!sealed())
             seal(argv);
         if (sealed()) {
-            int code = served_exec(argc, argv);
+            int code = served_plan(argc, argv);
             if (code >= 0)
                 return code;
         }

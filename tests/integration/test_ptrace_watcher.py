@@ -145,10 +145,12 @@ def test_a_ptrace_capable_container_sees_no_writable_host_file(runtime, make_bun
             served = server.log.read_text()
             server.__exit__()
     if server is not None:
-        # every exec the front end's, but the -cCAP spelling (only argparse reads it: Python's exec)
+        # every exec the front end's, but the -cCAP spelling (only argparse reads it: Python's
+        # exec); the create into another's pid namespace is Python's too
         declines = [line for line in served.splitlines() if ": declined: " in line]
-        assert served.count(" exec ") >= 5 and declines == ["sandbox serve: declined: exec: a terminal, or a command "
-                                                             "line for argparse"], served
+        assert served.count(" exec ") >= 5 and declines == [
+            "sandbox serve: declined: exec: a terminal, or a command line for argparse",
+            "sandbox serve: declined: create: no pid namespace of the container's own"], served
     if server is not None:
         launcher = os.stat(engines.SANDBOX)
         host.add((launcher.st_dev, launcher.st_ino))  # (its host file must never be the container's to write)
@@ -159,3 +161,50 @@ def test_a_ptrace_capable_container_sees_no_writable_host_file(runtime, make_bun
     assert any(marked for *_, marked in ours), "the watcher never saw the created init wait for start"
     assert host, "no host files to compare with"
     assert not bad, bad
+
+
+def test_a_created_init_of_the_launchers_shows_no_host_file(make_bundle, tmp_path, monkeypatch):
+    """Served create (sandbox/create_frontend.py): the container's pid 1 is the launcher, a C
+    program, waiting for start. A process exec'd into the container with CAP_SYS_PTRACE
+    opens its exe (a read-only view of the launcher), cwd, root (the container's, never a
+    host directory), fds (exec.fifo: a FIFO of the state's, not writable as a file) and maps:
+    none is a writable host file or a way to the host's root."""
+    import engines
+
+    if not Path(engines.SANDBOX).is_file():
+        pytest.skip("the launcher is not built")
+    w = tmp_path / "w"
+    w.mkdir()
+    subprocess.run(["gcc", "-static", "-O2", "-o", str(w / "watcher"), str(SOURCE)], check=True)
+    bundle = _bundle(make_bundle, tmp_path, "a", ["true"], ["CAP_SYS_PTRACE"])
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "timeout": 60}
+    with engines.WarmServer(tmp_path / "warm") as server:
+        monkeypatch.setenv("SANDBOX_SERVER", str(server.path))
+        cli = [engines.SANDBOX, "--root", str(tmp_path / "s")]
+        assert subprocess.run([*cli, "create", "-b", str(bundle), "c"], **quiet).returncode == 0
+        try:
+            init = json.loads(subprocess.run([*cli, "state", "c"], capture_output=True, text=True).stdout)["pid"]
+            assert Path(f"/proc/{init}/comm").read_text().strip() == "sandbox"  # the launcher, waiting
+            r = subprocess.run([*cli, "exec", "-d", "c", "/w/watcher", "/w/out", "/w/stop", "/w/mark"], **quiet)
+            assert r.returncode == 0
+            deadline = time.monotonic() + 20
+            while not (w / "out").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)
+            host = _host_files(init)
+        finally:
+            (w / "stop").touch()
+            time.sleep(0.1)
+            subprocess.run([*cli, "delete", "--force", "c"], **quiet)
+        served = server.log.read_text()
+    assert ": create: " in served and "declined" not in served, served
+    launcher = os.stat(engines.SANDBOX)
+    host.add((launcher.st_dev, launcher.st_ino))
+    records = [line.split() for line in (w / "out").read_text().splitlines()]
+    ours, bad = _verdict([["MARK"], ["MARK"], *records], host)  # (phase 2: as it waits for start)
+    assert any(comm == "sandbox" for _, comm, _, _ in ours), ours
+    assert not bad, bad
+    # its cwd and root: the container's root (never a host directory, whose ".." climbs the host's tree)
+    rootfs = os.stat(json.loads((bundle / "config.json").read_text())["root"]["path"])
+    places = {r[2]: (int(r[3]), int(r[4])) for r in records if r[1:2] == ["sandbox"] and r[2] in ("cwd", "root")}
+    assert places == {"cwd": (rootfs.st_dev, rootfs.st_ino), "root": (rootfs.st_dev, rootfs.st_ino)}, places

@@ -5,8 +5,10 @@ umask; and where the server is of no use (killed, another mount namespace) the v
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -55,13 +57,13 @@ def test_verbs_are_served_as_they_run_here(server, make_bundle, tmp_path):
                            stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=60,
                            env=dict(os.environ, SANDBOX_SERVER=str(path)))
     assert r.returncode == 0, (tmp_path / "create.out").read_text()
-    assert served_lines(log) == [], "create is never served: its init must descend from the caller"
+    assert [line.split(": ")[1] for line in served_lines(log)] == ["create"], log.read_text()
 
     for args in (["state", "c1"], ["list"], ["list", "--format", "json"], ["ps", "c1"], ["state", "--help"],
                  ["state", "nope"], ["state"], ["kill", "nope", "KILL"]):
         here, warm = verb("", "--root", root, *args), verb(path, "--root", root, *args)
         assert (warm.returncode, warm.stdout, warm.stderr) == (here.returncode, here.stdout, here.stderr), args
-    assert len(served_lines(log)) == 8, log.read_text()
+    assert len(served_lines(log)) == 9, log.read_text()
     assert json.loads(verb(path, "--root", root, "state", "c1").stdout)["status"] == "created"
 
     pid = json.loads(verb(path, "--root", root, "state", "c1").stdout)["pid"]
@@ -345,3 +347,164 @@ def test_a_kubernetes_pod_with_the_warm_server(tmp_path_factory, driver_root, mo
     for verb in ("exec", "start", "kill", "delete"):  # (the shim reads state from its own records)
         assert any(line.startswith(f"sandbox serve: {verb}: ") for line in lines), (verb, log)
     assert "declined" not in log, log
+
+
+# What the container's process sees of itself, its root and its mounts (a served create and
+# one in Python must give the same), and its pid 1's root and cwd (the container's, never a
+# host directory).
+CREATE_PROBE = (PROBE + "; hostname; cat /proc/self/oom_score_adj; ls /dev;"
+                " awk '{for (i = 7; i <= NF; i++) if ($i == \"-\") print $5, $6, $(i + 1)}' /proc/self/mountinfo;"
+                " readlink /proc/1/root; readlink /proc/1/cwd; ls /etc/ld.so.cache /usr/lib/x86_64-linux-gnu | grep -c nvidia")
+
+
+def _created(server_path, root, bundle, cid, tmp_path, *flags):
+    """create (served where server_path is a server's), start, and wait for the container
+    to stop: (create's exit code and output, the container's output, its state when created)."""
+    out = tmp_path / f"{cid}.out"
+    with open(out, "w") as f:  # (the init keeps our stdout: a pipe would end only with it)
+        r = subprocess.run([str(LAUNCHER), "--root", str(root), *flags, "create", "-b", str(bundle), cid],
+                           stdin=subprocess.DEVNULL, stdout=f, stderr=f, timeout=60,
+                           env=dict(os.environ, SANDBOX_SERVER=str(server_path)))
+    created = out.read_text()
+    if r.returncode != 0:
+        return r.returncode, created, None, None
+    state = json.loads(verb("", "--root", root, "state", cid).stdout)
+    assert verb("", "--root", root, "start", cid).returncode == 0
+    deadline = time.monotonic() + 20
+    while json.loads(verb("", "--root", root, "state", cid).stdout)["status"] != "stopped":
+        assert time.monotonic() < deadline, out.read_text()
+        time.sleep(0.02)
+    assert verb("", "--root", root, "delete", cid).returncode == 0
+    return r.returncode, created, out.read_text()[len(created):], state
+
+
+def _normal(out: str, cid: str, as_cid: str) -> str:
+    """A container's probe output without what differs from one container to the next: its
+    cgroup's name, the dates of /proc files, and a new namespace's number ("new"; the host's
+    are named)."""
+    host = {os.stat(f"/proc/self/ns/{n}").st_ino: n for n in os.listdir("/proc/self/ns")}
+    out = re.sub(r"[A-Z][a-z]{2} +[0-9]+ [0-9:]{5} ", "", out.replace(cid, as_cid))
+    return re.sub(r":\[([0-9]+)\]", lambda m: f":[host {host[int(m.group(1))]}]" if int(m.group(1)) in host
+                  else ":[new]", out)
+
+
+def _same_state(a: dict, b: dict) -> bool:
+    skip = {"id", "pid", "created"}
+    return {k: v for k, v in a.items() if k not in skip} == {k: v for k, v in b.items() if k not in skip}
+
+
+def _bundles(make_bundle, tmp_path):
+    import fixtures
+
+    base = json.loads((make_bundle(["true"]) / "config.json").read_text())
+    full = json.loads(json.dumps(base))
+    full["process"]["rlimits"] = [{"type": "RLIMIT_NOFILE", "soft": 512, "hard": 1024},
+                                  {"type": "RLIMIT_NPROC", "soft": 300, "hard": 400}]
+    full["process"]["capabilities"] = {k: ["CAP_CHOWN", "CAP_NET_BIND_SERVICE", "CAP_SETUID", "CAP_SETGID"]
+                                       for k in ("bounding", "effective", "permitted", "inheritable", "ambient")}
+    full["process"]["user"] = {"uid": 1000, "gid": 1000, "umask": 0o027, "additionalGids": [5, 7]}
+    full["process"]["env"] += ["FROM_SPEC=1", "HOME=/home/x"]
+    full["process"]["cwd"] = "/etc"
+    full["process"]["oomScoreAdj"] = 500
+    full["hostname"] = "served"
+    full["linux"]["sysctl"] = {"net.ipv4.ip_forward": "1"}
+    full["linux"]["seccomp"] = fixtures.engine_seccomp_profile()
+    early = json.loads(json.dumps(base))  # no no_new_privs: the filter goes on before the user changes
+    early["process"]["noNewPrivileges"] = False
+    early["linux"]["seccomp"] = fixtures.engine_seccomp_profile()
+    cgns = json.loads(json.dumps(base))
+    cgns["linux"]["namespaces"].append({"type": "cgroup"})
+    gpu = json.loads(json.dumps(base))
+    gpu["process"]["env"] += ["NVIDIA_VISIBLE_DEVICES=all"]
+    specs = {"base": base, "full": full, "seccomp-early": early, "cgroupns": cgns, "gpu": gpu}
+    for spec in specs.values():
+        spec["process"]["args"] = ["sh", "-c", CREATE_PROBE]
+    return {name: make_bundle(**{k: v for k, v in spec.items() if k != "root"}) for name, spec in specs.items()}
+
+
+def test_create_by_the_front_end_is_pythons(server, make_bundle, driver_root, tmp_path):
+    """A created init made by the launcher (its root built by the server's gofer from inside
+    its namespaces) runs its process as Python's init does: user, capabilities, no_new_privs,
+    seccomp before and after the user change, rlimits, umask, cwd, HOME, env, oom_score_adj,
+    hostname, sysctls, cgroup (and a cgroup namespace), namespaces, every mount, the GPU's
+    nodes and libraries; the state is the same; none of them is declined."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    for name, bundle in _bundles(make_bundle, tmp_path).items():
+        flags = ("--driver-root", str(driver_root))
+        here = _created("", root, bundle, f"{name}-py", tmp_path, *flags)
+        warm = _created(path, root, bundle, f"{name}-warm", tmp_path, *flags)
+        assert here[:3] == (0, "", here[2]) and here[2], (name, here)
+        py, served = _normal(here[2], "", ""), _normal(warm[2], f"{name}-warm", f"{name}-py")
+        assert (warm[0], warm[1]) == (0, "") and served == py, (name, "".join(difflib.unified_diff(
+            py.splitlines(True), served.splitlines(True))))
+        assert _same_state(warm[3], here[3]), (name, warm[3], here[3])
+    assert sum(": create: " in line for line in served_lines(log)) == 5, log.read_text()
+    assert "declined" not in log.read_text()
+    assert not os.listdir(root)
+
+
+def test_a_created_init_joins_namespaces_by_path(server, make_bundle, tmp_path):
+    """As a pod's containers join its sandbox's network, ipc and uts namespaces by path."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    _launch("", root, make_bundle(["sleep", "100"]), "pause", tmp_path)
+    try:
+        pause = json.loads(verb("", "--root", root, "state", "pause").stdout)["pid"]
+        spec = json.loads((make_bundle(["true"]) / "config.json").read_text())
+        spec["linux"]["namespaces"] = [{"type": "pid"}, {"type": "mount"}] + [
+            {"type": t, "path": f"/proc/{pause}/ns/{n}"} for t, n in (("network", "net"), ("ipc", "ipc"), ("uts", "uts"))]
+        probe = "ls -l /proc/self/ns | cut -c40- | grep -v pid; hostname"
+        bundle = make_bundle(["sh", "-c", probe], linux=spec["linux"])
+        here = _created("", root, bundle, "j-py", tmp_path)
+        warm = _created(path, root, bundle, "j-warm", tmp_path)
+        assert warm[:3] == here[:3] and here[0] == 0, (warm, here)
+        ns = {line.split(" -> ")[0].split()[-1]: line.split(" -> ")[1] for line in warm[2].splitlines() if " -> " in line}
+        assert ns["net"] == os.readlink(f"/proc/{pause}/ns/net") and ns["uts"] == os.readlink(f"/proc/{pause}/ns/uts")
+    finally:
+        verb("", "--root", root, "delete", "--force", "pause")
+    assert "declined" not in log.read_text() and sum(": create: " in line for line in served_lines(log)) == 1
+
+
+def test_a_failed_create_is_pythons_and_leaves_nothing(server, make_bundle, tmp_path, driver_root):
+    """A bundle error, a GPU that is not there, a cwd that is a file (found while building
+    the root): the same line and code as in Python, and no state, process or cgroup left; a
+    program that is not there fails at start, on the container's stderr, as in Python."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    bad_cwd = make_bundle(["true"])
+    spec = json.loads((bad_cwd / "config.json").read_text())
+    spec["process"]["cwd"] = "/etc/passwd"
+    (bad_cwd / "config.json").write_text(json.dumps(spec))
+    cases = {"no-gpu": make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=7"]), "bad-cwd": bad_cwd,
+             "no-program": make_bundle(["no-such-program"])}
+    bad = make_bundle(["true"])
+    (bad / "config.json").write_text('{"ociVersion": "1.0.2", "process": 5, "root": {"path": "rootfs"}}')
+    cases["bad-bundle"] = bad
+    before = set(os.listdir("/sys/fs/cgroup"))
+    for name, bundle in cases.items():
+        here = _created("", root, bundle, f"{name}-py", tmp_path, "--driver-root", str(driver_root))
+        warm = _created(path, root, bundle, f"{name}-warm", tmp_path, "--driver-root", str(driver_root))
+        assert warm[:3] == (here[0], here[1].replace(f"{name}-py", f"{name}-warm"), here[2]), (name, warm, here)
+        assert (here[0] != 0) is (name != "no-program"), (name, here)
+        assert not os.listdir(root), (name, os.listdir(root))
+    assert set(os.listdir("/sys/fs/cgroup")) == before
+    assert "declined" not in log.read_text()
+
+
+def test_create_the_launcher_cannot_serve_runs_in_python(server, make_bundle, tmp_path):
+    """A user namespace, hooks, a terminal (or scheduling, LSM labels, seccomp flags):
+    declined before anything is done, and create runs in Python as before."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    spec = json.loads((make_bundle(["true"]) / "config.json").read_text())
+    hooks = {"createContainer": [{"path": "/bin/true"}]}
+    personality = dict(spec["linux"], personality={"domain": "LINUX32"})
+    for name, bundle in (("hooks", make_bundle(["sh", "-c", "echo ran"], hooks=hooks)),
+                         ("personality", make_bundle(["sh", "-c", "echo ran"], linux=personality))):
+        warm = _created(path, root, bundle, name, tmp_path)
+        assert warm[:3] == (0, "", "ran\n"), (name, warm)
+    text = log.read_text()
+    assert "declined: create: hooks while the container is built or started" in text
+    assert "declined: create: scheduling or a personality" in text
+    assert not os.listdir(root)

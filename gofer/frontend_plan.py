@@ -1,0 +1,64 @@
+"""The process plan sandbox/frontend.c carries out, for exec's process (sandbox/exec_frontend.py)
+and for a created init (gofer/remote_init.py): NUL-terminated "KEY VALUE" records, with the
+fds they name sent in the same order as SCM_RIGHTS. Python works out every value; C only
+applies them, in gofer.process.tail's order."""
+
+from __future__ import annotations
+
+import os
+import resource
+
+from gofer import process
+from mounts.errors import ExecError, ProcessError
+from mounts.spec import Personality, Process, Seccomp
+
+MAX_PLAN = 200_000  # bytes: well inside a SOCK_SEQPACKET message (the socket's send buffer)
+MAX_FDS = 64  # frontend.c's MAX_FDS
+
+
+def unsupported(proc: Process, console, seccomp: Seccomp | None, personality: Personality | None) -> str | None:
+    """What the plan cannot carry, or None."""
+    if console is not None or proc.terminal:
+        return "a terminal"
+    if personality is not None or proc.scheduler is not None or proc.io_priority is not None:
+        return "scheduling or a personality"
+    if proc.apparmor_profile or proc.selinux_label:
+        return "an LSM label"
+    if seccomp is not None and (seccomp.flags or seccomp.listener_path or seccomp.default_action == "SCMP_ACT_NOTIFY"
+                                or any(r.action == "SCMP_ACT_NOTIFY" for r in seccomp.syscalls)):
+        return "seccomp flags or a listener"
+    return None
+
+
+def process_records(proc: Process) -> list[str]:
+    """The process's credentials, capabilities as masks, umask and rlimits."""
+    caps = proc.capabilities or process.NO_CAPABILITIES
+    masks = [sum(1 << c for c in process._cap_numbers(getattr(caps, f), f))
+             for f in ("bounding", "permitted", "inheritable", "effective", "ambient")]
+    user = proc.user
+    records = [f"nnp {int(proc.no_new_privileges)}", f"lastcap {process.LAST_CAP}",
+               f"umask {user.umask if user.umask is not None else process.DEFAULT_UMASK}",
+               f"codes {ProcessError.exit_code} {ExecError.exit_code}", "caps " + " ".join(f"{m:x}" for m in masks),
+               f"user {user.uid} {user.gid}", *(f"group {g}" for g in user.additional_gids)]
+    return records + [f"rlimit {getattr(resource, rl.type)} {rl.soft} {rl.hard} {rl.type} soft {rl.soft} hard {rl.hard}"
+                      for rl in proc.rlimits]
+
+
+def seccomp_memfd(bpf: bytes) -> int:
+    """The filter, exported as BPF, in a memory file the front end reads."""
+    memfd = os.memfd_create("seccomp-bpf", os.MFD_CLOEXEC)
+    os.write(memfd, bpf)
+    return memfd
+
+
+def command_records(proc: Process, entry: process.Entry) -> list[str]:
+    """argv, and the environment with HOME as looked up."""
+    return [f"arg {a}" for a in proc.args] + [f"env {k}={v}" for k, v in process.environment(proc, entry).items()]
+
+
+def encode(records: list[str], fds: list[int]) -> bytes | None:
+    """The message, or None where it cannot be one (a NUL in a value, too big, too many fds)."""
+    data = b"".join(os.fsencode(r) + b"\0" for r in records)
+    if any("\0" in r for r in records) or len(data) > MAX_PLAN or len(fds) > MAX_FDS:
+        return None
+    return data

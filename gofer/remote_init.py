@@ -1,0 +1,116 @@
+"""Served create (sandbox/create_frontend.py): the container's init is the launcher's child
+(sandbox/frontend.c's init_process), pid 1 of its new pid namespace, so that it descends
+from the engine's process (a subreaper waits for it), and no Python starts on the way.
+
+The gofer, forked by the warm server's child, has the launcher make that process in the
+spec's namespaces (``clone``), joins them and forks the process that builds the root from
+inside them (``join``): procfs is mounted from inside the pid namespace, and pivot_root
+moves pid 1's root along with its own. That process then hands pid 1 its process as
+frontend.c's plan, and waits for it to be ready before it says Ready itself (``hand_over``).
+
+    launcher (the engine's child)      gofer                       builder (G)
+    "clone" records: ns fds, unshare
+    flags, oom_score_adj  <----------  opened here
+    setns, unshare, fork pid 1
+    "pid N" + a channel to it ------>  setns into pid 1's, fork -> spec mounts, GPU mounts,
+                                       exit                        pivot_root, masks
+    pid 1  <------------------------------------------------------ the process's plan + exec.fifo
+      rlimits, user, capabilities
+      "ready" --------------------------------------------------->  Ready; Resume
+      <----------------------------------------------------------   "g"
+      wait on exec.fifo, then the rest of the tail, exec
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import socket
+
+from gofer import enter, process, rootfs
+from gofer import syscalls as sc
+from gofer.frontend_plan import command_records, encode, process_records, seccomp_memfd
+from mounts.errors import MountError, SandboxError
+from mounts.spec import Spec
+
+
+def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, socket.socket]:
+    """Have the launcher make the container's pid 1: its pid (as the host sees it) and our
+    channel to it. The namespaces named by path are opened here, as the gofer would join them."""
+    flags, join = rootfs.namespace_flags(spec)
+    records = ["clone 1", f"preserve {preserve_fds}", f"unshare {flags}"]
+    assert spec.process is not None
+    if spec.process.oom_score_adj is not None:
+        records.append(f"oom {spec.process.oom_score_adj}")
+    fds: list[int] = []
+    try:
+        for nstype, path in join:
+            try:
+                fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+            except OSError as e:
+                raise MountError(path, f"linux.namespaces: cannot open the {nstype} namespace: {e.strerror}") from None
+            records.append(f"ns {sc.NAMESPACES[nstype]} {nstype}")
+        data = encode(records, fds)
+        assert data is not None  # (a few short records)
+        conn.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
+    finally:
+        for fd in fds:
+            os.close(fd)
+    report, ancillary, _flags, _addr = conn.recvmsg(4096, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)
+    got = [fd for level, kind, raw in ancillary if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+           for fd in array.array("i", raw[:len(raw) - len(raw) % 4])]
+    if not report:
+        raise SandboxError("the launcher exited before it made the container's init")
+    pid, error = enter.parse_report(report.decode(errors="replace"))
+    if error is not None or len(got) != 1:
+        for fd in got:
+            os.close(fd)
+        raise error or SandboxError("the launcher sent no channel to the container's init")
+    assert pid is not None
+    return pid, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=got[0])
+
+
+def join(init: int) -> None:
+    """Into every namespace of ``init`` (pid 1, the launcher's child) that is not ours, then
+    fork: the child, in its pid namespace too, returns; we exit (the supervisor hears from
+    the child on the socket it inherits)."""
+    fds = enter.open_namespaces(init)
+    try:
+        for fd, flag, name in fds:
+            sc.setns(fd, flag, what=f"the container's {name} namespace")
+    finally:
+        for fd, _, _ in fds:
+            os.close(fd)
+    if os.fork():
+        os._exit(0)
+
+
+def hand_over(chan: socket.socket, proc, bpf: bytes | None, fifo: int, ready) -> None:
+    """Send pid 1 its process (looked up inside the root: cwd, HOME), wait until it is the
+    container's user, then ``ready()`` (Ready, and the supervisor's Resume once the container
+    is recorded), and let it go on to wait for start. Its error, if any, raised as its own."""
+    entry = process.look_up(proc, enter=False)
+    records = ["plan 1", *process_records(proc), "fifo"]
+    fds = [fifo]
+    try:
+        if entry.cwd is not None:
+            records.append(f"cwd {proc.cwd}")
+            fds.append(entry.cwd)
+        if bpf is not None:
+            fds.append(seccomp_memfd(bpf))
+            records.append(f"seccomp {'late' if proc.no_new_privileges else 'early'}")
+        records += command_records(proc, entry)
+        data = encode(records, fds)
+        if data is None:
+            raise SandboxError("process: its arguments and environment are too big for the launcher's plan")
+        chan.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    finally:
+        for fd in fds[1:]:
+            os.close(fd)
+    report = chan.recv(4096).decode(errors="replace")
+    if not report.startswith("ready"):
+        _pid, error = enter.parse_report(report)
+        raise error or SandboxError("the container's init exited before it was ready")
+    ready()
+    chan.send(b"g")
+    chan.close()
