@@ -22,6 +22,12 @@
  * server declines, and the launcher runs exec in Python as before. This process runs from a
  * read-only view of the launcher (launcher.c seals it first) and is not dumpable: the
  * container never sees a host file it could write.
+ *
+ * `sandbox create` goes the same way (frontend_create; gofer/remote_init.py has the other
+ * half): this process joins and unshares the container's namespaces and forks its pid 1,
+ * whose root the server's gofer then builds from inside them; pid 1 receives the same plan
+ * as exec's process, with exec.fifo, and runs the same tail, waiting for start between the
+ * user change and setsid.
  */
 #define _GNU_SOURCE
 #include <errno.h>

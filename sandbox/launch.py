@@ -183,6 +183,10 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: tuple[int, int] | None 
         state = _state(opts, ready.pid, bundle, spec, hooks, cgroup)
         if not opts.detached:  # (a detached init's state was written before its Resume)
             sd.write(state)
+        if launcher is not None:
+            # the gofer, and its builder, which was in the container's pid namespace: a
+            # zombie there would hold pid 1's exit (the namespace waits for every process)
+            _reap_all(time.monotonic() + 5)
         return Launched(ready.pid, ready.spans, state, hooks, trace)
     except BaseException:
         sock.close()  # an init we do not know yet reads EOF and gives up

@@ -444,6 +444,40 @@ def test_create_by_the_front_end_is_pythons(server, make_bundle, driver_root, tm
     assert not os.listdir(root)
 
 
+def _in_child_pid_namespaces() -> list[tuple[int, str]]:
+    """(pid, state) of every process in a pid namespace below ours, zombies included."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if len(fields.get("NSpid", "").split()) > 1:
+            found.append((int(pid), fields["State"].strip()))
+    return found
+
+
+def test_a_served_create_leaves_only_its_init_in_the_namespace(server, make_bundle, tmp_path):
+    """The builder ran in the container's pid namespace: once create returns it is gone and
+    reaped (a zombie there keeps pid 1 from finishing its exit: `kill` then hangs)."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    before = _in_child_pid_namespaces()
+    out = tmp_path / "c.out"
+    with open(out, "w") as f:
+        r = subprocess.run([str(LAUNCHER), "--root", str(root), "create", "-b", str(make_bundle(["sleep", "60"])), "c"],
+                           stdin=subprocess.DEVNULL, stdout=f, stderr=f, timeout=60,
+                           env=dict(os.environ, SANDBOX_SERVER=str(path)))
+    try:
+        assert r.returncode == 0, out.read_text()
+        init = json.loads(verb(path, "--root", root, "state", "c").stdout)["pid"]
+        assert [p for p in _in_child_pid_namespaces() if p not in before] == [(init, "S (sleeping)")]
+    finally:
+        verb(path, "--root", root, "delete", "--force", "c")
+    assert ": create: " in log.read_text()
+
+
 def test_a_created_init_joins_namespaces_by_path(server, make_bundle, tmp_path):
     """As a pod's containers join its sandbox's network, ipc and uts namespaces by path."""
     path, log, _ = server
