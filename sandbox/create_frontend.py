@@ -4,10 +4,12 @@ the gofer, warm; the container's init is made by the launcher, as its child, and
 builds its root from inside its namespaces and hands it its process (gofer/remote_init.py,
 sandbox/frontend.c). No Python starts on the container's path.
 
+The prestart and createRuntime hooks run here while the builder waits, as in Python; the
+createContainer hooks run from the builder, in the container's namespaces before pivot_root.
 What the launcher's init cannot do is declined before anything happens, and the launcher
 runs create in Python as before: a terminal, a user namespace, a pid or mount namespace that
-is not the container's own, hooks that run inside the container or while it is being built,
-and what exec's plan cannot carry (gofer/frontend_plan.py)."""
+is not the container's own, startContainer hooks (pid 1 would run them), and what exec's
+plan cannot carry (gofer/frontend_plan.py)."""
 
 from __future__ import annotations
 
@@ -63,9 +65,8 @@ def why_not(spec) -> str | None:
     if namespaces.get("mount"):
         return "a mount namespace named by path"
     hooks = spec.hooks.ours() if spec.hooks is not None else None
-    if hooks is not None and (hooks.prestart or hooks.create_runtime or hooks.create_container
-                              or hooks.start_container):
-        return "hooks while the container is built or started"
+    if hooks is not None and hooks.start_container:  # (pid 1 would run them, after start)
+        return "startContainer hooks"
     if sum(len(a) + 8 for a in proc.args) + sum(len(e) + 8 for e in proc.env) > MAX_PLAN // 2:
         return "a command line or environment too big for the launcher's plan"
     return unsupported(proc, None, spec.linux.seccomp, spec.linux.personality)

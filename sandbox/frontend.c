@@ -53,7 +53,6 @@
 
 #include "frontend.h"
 
-#define MAX_FDS 64
 #define MAX_ITEMS 4096
 
 struct plan {
@@ -302,6 +301,44 @@ static void enter(struct plan *pl) {
     process(pl);
 }
 
+ssize_t recv_plan(int s, char *buf, int *fds, int *nfds) {
+    union { char buf[CMSG_SPACE(MAX_FDS * sizeof(int))]; struct cmsghdr align; } control;
+    struct iovec iov = {.iov_base = buf, .iov_len = MAX_REQUEST};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    ssize_t r;
+    *nfds = 0;
+    do r = recvmsg(s, &msg, MSG_CMSG_CLOEXEC); while (r < 0 && errno == EINTR);
+    for (struct cmsghdr *c = r > 0 ? CMSG_FIRSTHDR(&msg) : NULL; c; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < k && *nfds < MAX_FDS; i++) memcpy(&fds[(*nfds)++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        }
+    if (r <= 0 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        for (int i = 0; i < *nfds; i++) close(fds[i]);
+        *nfds = 0;
+        return -1;
+    }
+    buf[r] = '\0';
+    return r;
+}
+
+/* The server's {"code"} for the verb, once it is done (s is closed here); 1 with a line
+ * where it died first. */
+static int server_code(int s, const char *verb) {
+    char reply[512];
+    ssize_t r;
+    do r = recv(s, reply, sizeof reply - 1, 0); while (r < 0 && errno == EINTR);
+    close(s);
+    if (r <= 0) {
+        fprintf(stderr, "sandbox %s: the server died before it answered\n", verb);
+        return 1;
+    }
+    reply[r] = '\0';
+    const char *v = field(reply, "code");
+    return v ? atoi(v) & 0xff : 1;
+}
+
 static volatile pid_t forward_to;
 
 static void forward(int sig) {
@@ -352,18 +389,7 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds) {
         fprintf(stderr, "sandbox exec: the server went away: %s\n", strerror(errno));
         return 1;
     }
-    char reply[512];
-    ssize_t r;
-    do r = recv(s, reply, sizeof reply - 1, 0); while (r < 0 && errno == EINTR);
-    close(s);
-    int code = 1;
-    if (r > 0) {
-        reply[r] = '\0';
-        const char *v = field(reply, "code");
-        code = v ? atoi(v) : 1;
-    } else {
-        fprintf(stderr, "sandbox exec: the server died before it answered\n");
-    }
+    int code = server_code(s, "exec");
     if (code != 0 || pl.detach) {
         if (failed && g > 0 && !pl.detach) waitpid(g, NULL, 0); /* (it exits right after its report) */
         return code;
@@ -390,21 +416,10 @@ static void init_process(int chan) {
     report_fd = chan;
     char *buf = malloc(MAX_REQUEST + 1);
     int fds[MAX_FDS], nfds = 0;
-    union { char buf[CMSG_SPACE(MAX_FDS * sizeof(int))]; struct cmsghdr align; } control;
-    struct iovec iov = {.iov_base = buf, .iov_len = MAX_REQUEST};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
-                         .msg_controllen = sizeof control.buf};
-    ssize_t r = -1;
-    if (buf != NULL)
-        do r = recvmsg(chan, &msg, MSG_CMSG_CLOEXEC); while (r < 0 && errno == EINTR);
-    if (r <= 0) _exit(1); /* the gofer gave up before the plan (it says why) */
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-            int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            for (int i = 0; i < k && nfds < MAX_FDS; i++) memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        }
+    ssize_t r = buf != NULL ? recv_plan(chan, buf, fds, &nfds) : -1;
+    if (r < 0) _exit(1); /* the gofer gave up before the plan (it says why) */
     struct plan pl;
-    if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || parse(&pl, buf, (size_t)r, fds, nfds) < 0 || pl.fifo < 0)
+    if (parse(&pl, buf, (size_t)r, fds, nfds) < 0 || pl.fifo < 0)
         fail(1, "the server's plan for the init is not one this launcher reads (rebuild both)");
     for (int i = 0; i < pl.nrlimits; i++) {
         struct rlimit rl = {.rlim_cur = pl.rlimits[i].soft, .rlim_max = pl.rlimits[i].hard};
@@ -486,20 +501,9 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds) {
         c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
         memcpy(CMSG_DATA(c), &chan[0], sizeof(int));
     }
-    ssize_t r = sendmsg(s, &msg, 0);
+    ssize_t sent = sendmsg(s, &msg, 0);
     if (chan[0] >= 0) close(chan[0]);
-    char reply[512];
-    if (r >= 0)
-        do r = recv(s, reply, sizeof reply - 1, 0); while (r < 0 && errno == EINTR);
-    close(s);
-    int code = 1;
-    if (r > 0) {
-        reply[r] = '\0';
-        const char *v = field(reply, "code");
-        code = v ? atoi(v) & 0xff : 1;
-    } else {
-        fprintf(stderr, "sandbox create: the server died before it answered\n");
-    }
+    int code = sent >= 0 ? server_code(s, "create") : (close(s), 1);
     if (code != 0 && init > 0) { /* (it gives up on its own at the gofer's EOF; a zombie left to the engine would not) */
         kill(init, SIGKILL);
         while (waitpid(init, NULL, 0) < 0 && errno == EINTR) {}

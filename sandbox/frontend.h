@@ -5,6 +5,15 @@
 
 #include "server_wire.h"
 
+#include <sys/types.h>
+
+#define MAX_FDS 64 /* gofer/frontend_plan.py's */
+
+/* One message of records from s with its fds (close-on-exec), into buf (MAX_REQUEST + 1
+ * bytes, NUL-terminated): its length, or -1 (EOF, an error, a message or fds cut short:
+ * nothing kept). */
+ssize_t recv_plan(int s, char *buf, int *fds, int *nfds);
+
 /* Runs the plan (buf, n; fds as received) on the server's connection s: the exit code of
  * `sandbox exec`, the process's own when not detached. */
 int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds);

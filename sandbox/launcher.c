@@ -161,35 +161,19 @@ static int served(int argc, char **argv) {
     return (int)(v & 0xff);
 }
 
-#define PLAN_FDS 64
-
 /* exec or create, planned by the server and carried out here (frontend.c): its exit code,
  * or -1 where the server is of no use (nothing has happened yet: the verb runs in Python). */
 static int served_plan(int argc, char **argv) {
     int s = send_request(argc, argv);
     if (s < 0) return -1;
-    size_t cap = MAX_REQUEST;
-    char *buf = malloc(cap + 1);
-    union { char buf[CMSG_SPACE(PLAN_FDS * sizeof(int))]; struct cmsghdr align; } control;
-    struct iovec iov = {.iov_base = buf, .iov_len = cap};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
-                         .msg_controllen = sizeof control.buf};
-    ssize_t r = -1;
-    if (buf != NULL)
-        do r = recvmsg(s, &msg, MSG_CMSG_CLOEXEC); while (r < 0 && errno == EINTR);
-    int fds[PLAN_FDS], nfds = 0;
-    for (struct cmsghdr *c = r > 0 ? CMSG_FIRSTHDR(&msg) : NULL; c; c = CMSG_NXTHDR(&msg, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-            int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            for (int i = 0; i < k && nfds < PLAN_FDS; i++) memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        }
-    if (r <= 0 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-        for (int i = 0; i < nfds; i++) close(fds[i]);
+    char *buf = malloc(MAX_REQUEST + 1);
+    int fds[MAX_FDS], nfds = 0;
+    ssize_t r = buf != NULL ? recv_plan(s, buf, fds, &nfds) : -1;
+    if (r < 0) {
         close(s);
         free(buf);
-        return -1; /* never taken up, or a plan too big for us: Python's exec */
+        return -1; /* never taken up, or a plan too big for us: the verb in Python */
     }
-    buf[r] = '\0';
     if (strncmp(buf, "plan", 4) == 0) return frontend_exec(s, buf, (size_t)r, fds, nfds);
     if (strncmp(buf, "clone", 5) == 0) return frontend_create(s, buf, (size_t)r, fds, nfds);
     for (int i = 0; i < nfds; i++) close(fds[i]);

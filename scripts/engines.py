@@ -198,7 +198,16 @@ class Podman(Engine):
 
     def prefix(self, runtime: str = "sandbox") -> list[str]:
         b = self.base
-        common = ["podman", "--root", str(b / "root"), "--runroot", str(b / "runroot"), "--tmpdir", str(b / "tmp"),
+        # conmon passes the runtime only the environment containers.conf gives it: a warm
+        # server named by SANDBOX_SERVER (not at its default socket) is named there too
+        server = os.environ.get("SANDBOX_SERVER")
+        conf = b / "containers.conf"
+        if server and not conf.exists():
+            b.mkdir(parents=True, exist_ok=True)
+            conf.write_text(f'[engine]\nconmon_env_vars = ["PATH={os.environ.get("PATH", os.defpath)}", '
+                            f'"SANDBOX_SERVER={server}"]\n')
+        env = ["env", f"CONTAINERS_CONF={conf}"] if server else []
+        common = [*env, "podman", "--root", str(b / "root"), "--runroot", str(b / "runroot"), "--tmpdir", str(b / "tmp"),
                   "--storage-driver", "overlay", "--cgroup-manager", "systemd" if self.systemd else "cgroupfs",
                   "--events-backend", "file"]
         if runtime == "runc":

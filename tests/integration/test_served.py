@@ -527,18 +527,58 @@ def test_a_failed_create_is_pythons_and_leaves_nothing(server, make_bundle, tmp_
 
 
 def test_create_the_launcher_cannot_serve_runs_in_python(server, make_bundle, tmp_path):
-    """A user namespace, hooks, a terminal (or scheduling, LSM labels, seccomp flags):
+    """A user namespace, startContainer hooks, a terminal (or scheduling, LSM labels, seccomp flags):
     declined before anything is done, and create runs in Python as before."""
     path, log, _ = server
     root = tmp_path / "state"
     spec = json.loads((make_bundle(["true"]) / "config.json").read_text())
-    hooks = {"createContainer": [{"path": "/bin/true"}]}
+    hooks = {"startContainer": [{"path": "/bin/true"}]}
     personality = dict(spec["linux"], personality={"domain": "LINUX32"})
     for name, bundle in (("hooks", make_bundle(["sh", "-c", "echo ran"], hooks=hooks)),
                          ("personality", make_bundle(["sh", "-c", "echo ran"], linux=personality))):
         warm = _created(path, root, bundle, name, tmp_path)
         assert warm[:3] == (0, "", "ran\n"), (name, warm)
     text = log.read_text()
-    assert "declined: create: hooks while the container is built or started" in text
+    assert "declined: create: startContainer hooks" in text
     assert "declined: create: scheduling or a personality" in text
     assert not os.listdir(root)
+
+
+def test_a_served_create_runs_the_hooks_as_python_does(server, make_bundle, tmp_path):
+    """prestart and createRuntime in the runtime's namespaces while the root is being built,
+    createContainer in the container's (Docker's libnetwork hook is a prestart hook): each
+    reads the state with the init's pid, as in Python's create."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    out = tmp_path / "hooks"
+    out.mkdir()
+
+    def hook(stage):
+        return [{"path": "/bin/sh", "args": ["sh", "-c", f"cat > {out}/{stage}-$0.json; readlink /proc/self/ns/mnt"
+                                             f" /proc/self/ns/net > {out}/{stage}-$0.ns", "{cid}"]}]
+
+    results = {}
+    for cid, server_path in (("h-py", ""), ("h-warm", path)):
+        hooks = {stage: [dict(h, args=[a.replace("{cid}", cid) for a in h["args"]]) for h in hook(stage)]
+                 for stage in ("prestart", "createRuntime", "createContainer")}
+        bundle = make_bundle(["sleep", "60"], hooks=hooks)
+        with open(tmp_path / f"{cid}.out", "w") as f:
+            r = subprocess.run([str(LAUNCHER), "--root", str(root), "create", "-b", str(bundle), cid],
+                               stdin=subprocess.DEVNULL, stdout=f, stderr=f, timeout=60,
+                               env=dict(os.environ, SANDBOX_SERVER=str(server_path)))
+        try:
+            assert r.returncode == 0, (tmp_path / f"{cid}.out").read_text()
+            init = json.loads(verb("", "--root", root, "state", cid).stdout)["pid"]
+            inside = [os.readlink(f"/proc/{init}/ns/{n}") for n in ("mnt", "net")]
+            here = [os.readlink(f"/proc/self/ns/{n}") for n in ("mnt", "net")]
+            for stage in ("prestart", "createRuntime", "createContainer"):
+                state = json.loads((out / f"{stage}-{cid}.json").read_text())
+                ns = (out / f"{stage}-{cid}.ns").read_text().split()
+                assert (state["id"], state["pid"], state["status"]) == (cid, init, "creating"), (stage, state)
+                assert ns == (inside if stage == "createContainer" else here), (cid, stage, ns)
+                results[(cid, stage)] = {k: v for k, v in state.items() if k not in ("id", "pid", "bundle")}
+        finally:
+            verb("", "--root", root, "delete", "--force", cid)
+    for stage in ("prestart", "createRuntime", "createContainer"):
+        assert results[("h-warm", stage)] == results[("h-py", stage)]
+    assert "declined" not in log.read_text() and sum(": create: " in line for line in served_lines(log)) == 1
