@@ -42,14 +42,13 @@ class WarmServer:
     """`sandbox serve` on a socket under ``base``, started and stopped by pid: with
     SANDBOX_SERVER set to ``path``, the launcher has it run the verbs that start no process."""
 
-    def __init__(self, base: Path):
-        self.path = base / "server" / "server.sock"
+    def __init__(self, base: Path, path: Path | None = None):
+        self.path = path or base / "server" / "server.sock"
         self.log = base / "server.log"
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> WarmServer:
-        base = self.path.parent.parent
-        base.mkdir(parents=True, exist_ok=True)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen([SANDBOX, "serve", "--server", str(self.path)], stdin=subprocess.DEVNULL,
                                          stdout=out, stderr=out)

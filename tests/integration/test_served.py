@@ -315,8 +315,10 @@ def test_a_declined_exec_says_nothing_to_the_caller(server, make_bundle, tmp_pat
 
 def test_a_kubernetes_pod_with_the_warm_server(tmp_path_factory, driver_root, monkeypatch):
     """containerd's CRI with SANDBOX_SERVER in its environment (its shims pass it on): a GPU
-    pod starts, ExecSync runs through the exec front end, the container's exit is recorded,
-    the pod stops and goes; the shim's start, kill and delete were the server's."""
+    pod starts (its pause and containers created by the launcher, their roots built by the
+    server's gofer), ExecSync runs through the exec front end, the container's exit is
+    recorded, the pod stops and goes; the shim's create, start, kill and delete were the
+    server's."""
     import shutil
 
     if shutil.which("containerd") is None:
@@ -344,7 +346,7 @@ def test_a_kubernetes_pod_with_the_warm_server(tmp_path_factory, driver_root, mo
         assert not problems, problems
         log = server.log.read_text()
     lines = [line for line in log.splitlines() if ": exit " in line]
-    for verb in ("exec", "start", "kill", "delete"):  # (the shim reads state from its own records)
+    for verb in ("create", "exec", "start", "kill", "delete"):  # (the shim reads state from its own records)
         assert any(line.startswith(f"sandbox serve: {verb}: ") for line in lines), (verb, log)
     assert "declined" not in log, log
 
