@@ -386,6 +386,7 @@ def _preload() -> None:
     except OSError:
         pass  # (no libseccomp: a container's filter is then refused, as without the server)
     import argparse  # noqa: F401
+    import subprocess  # noqa: F401 - the bundle's hooks (Docker's libnetwork hook: every create of Docker's)
 
     import sandbox.config  # noqa: F401
     import sandbox.hook_cmd  # noqa: F401
