@@ -123,3 +123,34 @@ def test_limits_and_device_rules_as_runcs_systemd_driver(make_bundle, tmp_path):
     expected = [str(64 << 20), "100", "disk-denied", "mem-denied", "null-ok"]
     assert ours.split()[1:] == expected, r.stdout
     assert theirs.split()[:5] == expected and theirs.split()[5] == "LoadState=not-found", r.stdout
+
+
+def test_a_served_create_under_the_systemd_driver(make_bundle, tmp_path):
+    """create through the warm server: the launcher goes into the container's scope before
+    it forks pid 1, which is then the scope's, with its limits; delete removes the unit."""
+    launcher = REPO / ".venv/bin/sandbox"
+    if not launcher.is_file() or launcher.read_bytes()[:4] != b"\x7fELF":
+        pytest.skip("the C launcher is not built (scripts/setup builds it)")
+    bundle = _bundle(make_bundle, ["sleep", "300"], path="system.slice:demo:w1")
+    sock = tmp_path / "srv.sock"
+    sb = f"{launcher} --systemd-cgroup --root {tmp_path}/s"
+    r = under_systemd(f"""
+        {launcher} serve --server {sock} >{tmp_path}/srv.log 2>&1 &
+        for i in $(seq 200); do [ -S {sock} ] && break; sleep 0.05; done
+        export SANDBOX_SERVER={sock}
+        {sb} create -b {bundle} w1 </dev/null >/dev/null 2>&1
+        systemctl show demo-w1.scope -p ActiveState -p MemoryLimit -p TasksMax
+        pid=$({sb} state w1 | sed -n 's/.*"pid": \\([0-9]*\\).*/\\1/p')
+        echo scope=$(grep -c demo-w1.scope /proc/$pid/cgroup)
+        {sb} start w1
+        {sb} delete --force w1
+        systemctl show demo-w1.scope -p LoadState
+        kill $!
+    """)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split()
+    log = (tmp_path / "srv.log").read_text()
+    assert "sandbox serve: create: " in log and "declined" not in log, log
+    assert {"ActiveState=active", f"MemoryLimit={64 << 20}", "TasksMax=100", "LoadState=not-found"} <= set(lines), \
+        r.stdout
+    assert any(w.startswith("scope=") and w != "scope=0" for w in lines), r.stdout
