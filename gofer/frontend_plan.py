@@ -30,6 +30,20 @@ def unsupported(proc: Process, console, seccomp: Seccomp | None, personality: Pe
     return None
 
 
+MAX_ITEMS = 4095  # frontend.c's: argv and env entries each (MAX_ITEMS - 1; HOME may be one more)
+MAX_GROUPS, MAX_RLIMITS = 256, 32  # frontend.c's
+
+
+def too_big(proc: Process) -> str | None:
+    """Why the plan cannot carry ``proc`` (frontend.c's fixed tables, one message), or None."""
+    if (len(proc.args) >= MAX_ITEMS - 1 or len(proc.env) >= MAX_ITEMS - 1 or len(proc.user.additional_gids) > MAX_GROUPS
+            or len(proc.rlimits) > MAX_RLIMITS):
+        return "more arguments, variables, groups or rlimits than the launcher's plan holds"
+    if sum(len(a) + 8 for a in proc.args) + sum(len(e) + 8 for e in proc.env) > MAX_PLAN // 2:
+        return "a command line or environment too big for the launcher's plan"
+    return None
+
+
 def process_records(proc: Process) -> list[str]:
     """The process's credentials, capabilities as masks, umask and rlimits."""
     caps = proc.capabilities or process.NO_CAPABILITIES

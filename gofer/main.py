@@ -306,6 +306,8 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         def remote_ready() -> None:
             spans.add("user", t_user)
             sc.leave_host_proc()
+            assert chan is not None
+            remote_init.shed_privileges({sock.fileno(), chan.fileno()})
             spans.add("exec", time.monotonic_ns())
             protocol.send(sock, protocol.Ready(spans.items, host_pid))
             if not isinstance(protocol.recv_request(sock), protocol.Resume):

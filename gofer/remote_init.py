@@ -29,14 +29,43 @@ import socket
 
 from gofer import enter, process, rootfs
 from gofer import syscalls as sc
-from gofer.frontend_plan import command_records, encode, process_records, seccomp_memfd
+from gofer.frontend_plan import (
+    command_records,
+    encode,
+    process_records,
+    seccomp_memfd,
+    too_big,
+    unsupported,
+)
 from mounts.errors import MountError, SandboxError
 from mounts.spec import Spec
+
+
+def unsupported_create(spec: Spec) -> str | None:
+    """Why the launcher's init cannot serve ``spec`` (sandbox/create_frontend.py declines it
+    then, before anything happens), or None."""
+    proc = spec.process
+    if proc is None:
+        return None  # (an error either way: the verb says so)
+    namespaces = {ns.type: ns.path for ns in spec.linux.namespaces}
+    if "user" in namespaces:
+        return "a user namespace"
+    if "pid" not in namespaces or namespaces["pid"]:
+        return "no pid namespace of the container's own"
+    if namespaces.get("mount"):
+        return "a mount namespace named by path"
+    hooks = spec.hooks.ours() if spec.hooks is not None else None
+    if hooks is not None and hooks.start_container:  # (pid 1 would run them, after start)
+        return "startContainer hooks"
+    return unsupported(proc, None, spec.linux.seccomp, spec.linux.personality) or too_big(proc)
 
 
 def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, socket.socket]:
     """Have the launcher make the container's pid 1: its pid (as the host sees it) and our
     channel to it. The namespaces named by path are opened here, as the gofer would join them."""
+    why = unsupported_create(spec)  # (declined before: the bundle read again must not differ)
+    if why is not None:
+        raise SandboxError(f"create: {why}: not for the launcher's init")
     flags, join = rootfs.namespace_flags(spec)
     records = ["clone 1", f"preserve {preserve_fds}", f"unshare {flags}"]
     assert spec.process is not None
@@ -71,9 +100,17 @@ def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, sock
 
 
 def join(init: int) -> None:
-    """Into every namespace of ``init`` (pid 1, the launcher's child) that is not ours, then
-    fork: the child, in its pid namespace too, returns; we exit (the supervisor hears from
-    the child on the socket it inherits)."""
+    """Into the cgroups of ``init`` (pid 1, the launcher's child: the container's, whose
+    device rules and limits the builder then works under, as Python's gofer does) and every
+    namespace of it that is not ours, then fork: the child, in its pid namespace too,
+    returns; we exit (the supervisor hears from the child on the socket it inherits)."""
+    for procs in _cgroup_procs(init):  # (before its cgroup namespace: the kernel checks a move against ours)
+        try:
+            os.write(procs, b"0")
+        except OSError as e:
+            raise SandboxError(f"the container's cgroup: cannot join it: {e.strerror}", op="cgroup") from None
+        finally:
+            os.close(procs)
     fds = enter.open_namespaces(init)
     try:
         for fd, flag, name in fds:
@@ -85,10 +122,48 @@ def join(init: int) -> None:
         os._exit(0)
 
 
+def _cgroup_procs(init: int) -> list[int]:
+    """The cgroup.procs files of ``init``'s cgroups, open for writing."""
+    from gofer.cgroups.common import ROOT, own_cgroups, own_unified
+
+    dirs = [os.path.join(ROOT, name, path.lstrip("/")) for name, path in own_cgroups(init).items()]
+    unified = ROOT if os.path.exists(os.path.join(ROOT, "cgroup.controllers")) else os.path.join(ROOT, "unified")
+    if os.path.isdir(unified):
+        dirs.append(os.path.join(unified, own_unified(init).lstrip("/")))
+    fds: list[int] = []
+    try:
+        for d in dirs:
+            fds.append(os.open(os.path.join(d, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC))
+    except OSError as e:
+        for fd in fds:
+            os.close(fd)
+        raise SandboxError(f"{d}: cannot join the container's cgroup: {e.strerror}", op="cgroup", path=d) from None
+    return fds
+
+
+def shed_privileges(keep: set[int]) -> None:
+    """Before Ready: from then on the container is recorded, processes can be exec'd into
+    it, and they see this process in their pid namespace until it exits. It keeps nothing
+    of the host's: every fd but ``keep`` (and stdio, the container's too) closed, every
+    capability dropped, the bounding set with them, and no_new_privs."""
+    import prctl
+
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 20)
+    for cap in range(process.LAST_CAP + 1):
+        prctl.capbset_drop(cap)
+    sc.capset(set(), set(), set())
+    prctl.set_no_new_privs(1)
+
+
 def hand_over(chan: socket.socket, proc, bpf: bytes | None, fifo: int, ready) -> None:
     """Send pid 1 its process (looked up inside the root: cwd, HOME), wait until it is the
     container's user, then ``ready()`` (Ready, and the supervisor's Resume once the container
-    is recorded), and let it go on to wait for start. Its error, if any, raised as its own."""
+    is recorded), and let it go on to wait for start. Its error, if any, raised as its own.
+    ``ready`` runs without privileges (shed_privileges, keeping ``chan``)."""
     entry = process.look_up(proc, enter=False)
     records = ["plan 1", *process_records(proc), "fifo"]
     fds = [fifo]
@@ -107,6 +182,7 @@ def hand_over(chan: socket.socket, proc, bpf: bytes | None, fifo: int, ready) ->
     finally:
         for fd in fds[1:]:
             os.close(fd)
+    os.close(fifo)  # (pid 1 has it)
     report = chan.recv(4096).decode(errors="replace")
     if not report.startswith("ready"):
         _pid, error = enter.parse_report(report)

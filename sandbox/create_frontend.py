@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import socket
 
-from gofer.frontend_plan import MAX_PLAN, unsupported
+from gofer.remote_init import unsupported_create
 from mounts.bundle import load_bundle
 from mounts.errors import SandboxError
 from mounts.request import resolve
@@ -30,6 +30,8 @@ class CreateFrontend:
         conn.settimeout(None)  # (the request's deadline is over; the gofer talks to it next)
         self.conn, self.pid = conn, pid
         self.planned = False  # (declines come before anything is sent)
+        with open(f"/proc/{pid}/cgroup") as f:
+            self.cgroups = f.read()  # where it goes back should the create fail
 
     def check(self, args) -> None:
         """Raise Decline where the launcher's init cannot serve this bundle. A bundle that
@@ -44,29 +46,11 @@ class CreateFrontend:
                            opts.cdi_spec_dirs)[0]
         except SandboxError:
             return
-        why = why_not(spec)
+        why = unsupported_create(spec)
         if why is not None:
             raise Decline(why)
 
-    def launcher(self) -> tuple[int, int]:
-        return self.pid, self.conn.fileno()
+    def launcher(self):
+        from sandbox.launch import Launcher
 
-
-def why_not(spec) -> str | None:
-    """Why the launcher's init cannot serve ``spec``, or None."""
-    proc = spec.process
-    if proc is None:
-        return None  # (an error either way: the verb says so)
-    namespaces = {ns.type: ns.path for ns in spec.linux.namespaces}
-    if "user" in namespaces:
-        return "a user namespace"
-    if "pid" not in namespaces or namespaces["pid"]:
-        return "no pid namespace of the container's own"
-    if namespaces.get("mount"):
-        return "a mount namespace named by path"
-    hooks = spec.hooks.ours() if spec.hooks is not None else None
-    if hooks is not None and hooks.start_container:  # (pid 1 would run them, after start)
-        return "startContainer hooks"
-    if sum(len(a) + 8 for a in proc.args) + sum(len(e) + 8 for e in proc.env) > MAX_PLAN // 2:
-        return "a command line or environment too big for the launcher's plan"
-    return unsupported(proc, None, spec.linux.seccomp, spec.linux.personality)
+        return Launcher(self.pid, self.conn.fileno(), self.cgroups)

@@ -25,7 +25,14 @@ import socket
 
 from gofer import enter, process
 from gofer import syscalls as sc
-from gofer.frontend_plan import command_records, encode, process_records, seccomp_memfd, unsupported
+from gofer.frontend_plan import (
+    command_records,
+    encode,
+    process_records,
+    seccomp_memfd,
+    too_big,
+    unsupported,
+)
 from gofer.seccomp import compile_filter
 from mounts.errors import SandboxError
 from mounts.spec import Personality, Process, Seccomp
@@ -46,7 +53,7 @@ class Frontend:
     def spawn(self, init: int, proc: Process, console=None, preserve_fds: int = 0, detach: bool = False,
               seccomp: Seccomp | None = None, cgroups=(), start_time: int | None = None,
               personality: Personality | None = None) -> int:
-        why = unsupported(proc, console, seccomp, personality)
+        why = unsupported(proc, console, seccomp, personality) or too_big(proc)
         if why is not None:
             raise Decline(why)
         records = ["plan 1", f"detach {int(detach)}", f"preserve {preserve_fds}", *process_records(proc)]

@@ -49,6 +49,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include "frontend.h"
@@ -97,6 +98,25 @@ static void fail(int code, const char *fmt, ...) {
 }
 
 static unsigned long long hex(const char *s) { return strtoull(s, NULL, 16); }
+
+/* Every fd from ``low`` up closes at exec: close_range(2), or where the kernel (before 5.11)
+ * or a seccomp profile refuses it, each fd /proc/self/fd lists. -1 if neither works. */
+static int cloexec_from(unsigned low) {
+    if (syscall(SYS_close_range, low, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */) == 0) return 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d == NULL) return -1;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        if (*end == '\0' && end != e->d_name && fd >= (long)low && fd != dirfd(d)
+            && fcntl((int)fd, F_SETFD, FD_CLOEXEC) < 0 && errno != EBADF) {
+            closedir(d);
+            return -1;
+        }
+    }
+    closedir(d);
+    return 0;
+}
 
 static const char *next_item(const char **p, const char *end) {
     const char *item = *p;
@@ -352,7 +372,10 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds) {
         return 1;
     }
     /* the fds the engine passes on (--preserve-fds) stay; every other one closes at exec */
-    syscall(SYS_close_range, 3 + pl.preserve, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
+    if (cloexec_from(3 + (unsigned)pl.preserve) < 0) {
+        fprintf(stderr, "sandbox exec: cannot close our fds at exec: %s\n", strerror(errno));
+        return 1;
+    }
     if (!pl.detach) prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); /* G becomes ours when C exits */
     int report[2];
     if (pipe2(report, O_CLOEXEC) < 0) {
@@ -458,12 +481,13 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds) {
         fprintf(stderr, "sandbox create: the server's plan is not one this launcher reads (rebuild both)\n");
         return 1;
     }
-    syscall(SYS_close_range, 3 + preserve, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
     char report[2048];
     int chan[2] = {-1, -1};
     pid_t init = -1;
     report[0] = '\0';
-    if (oom_set) {
+    if (cloexec_from(3 + (unsigned)preserve) < 0)
+        snprintf(report, sizeof report, "err 1 cannot close our fds at exec: %s\n", strerror(errno));
+    if (oom_set && !report[0]) {
         int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
         if (fd < 0 || dprintf(fd, "%ld", oom) < 0)
             snprintf(report, sizeof report, "err 1 process.oomScoreAdj %ld: %s\n", oom, strerror(errno));

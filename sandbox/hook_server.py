@@ -55,8 +55,10 @@ from sandbox.server_client import MAX_REQUEST, SERVED, SOCKET, unpack_cred
 
 def _trusted_peer(conn) -> bool:
     """The client must be what a runtime's hook is: root with CAP_SYS_ADMIN, in our user,
-    mount, pid and cgroup namespaces (a uid-0 process without capabilities, or a container's
-    root, may not have us widen a container's device rules, mount into it or signal it)."""
+    mount, pid and cgroup namespaces, with our root (a uid-0 process without capabilities, or
+    a container's root, may not have us widen a container's device rules, mount into it or
+    signal it; a chrooted client's paths are not ours, nor would pivot_root take its child's
+    root along)."""
     import socket
 
     pid, uid, _gid = unpack_cred(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
@@ -71,6 +73,8 @@ def _trusted_peer(conn) -> bool:
             caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
         same = all(os.stat(f"/proc/{pid}/ns/{ns}").st_ino == os.stat(f"/proc/self/ns/{ns}").st_ino
                    for ns in ("user", "mnt", "pid", "cgroup"))  # pid: the state's pid names the same process
+        root, ours = os.stat(f"/proc/{pid}/root"), os.stat("/")
+        same = same and (root.st_dev, root.st_ino) == (ours.st_dev, ours.st_ino)
         if pidfd is not None:
             with open(f"/proc/self/fdinfo/{pidfd}") as f:
                 same = same and any(line.split() == ["Pid:", str(pid)] for line in f)
@@ -118,7 +122,7 @@ def serve(args, main) -> int:
                 continue
             with conn:
                 if not _trusted_peer(conn):
-                    _decline(conn, "a hook server serves only root with CAP_SYS_ADMIN in its namespaces")
+                    _decline(conn, "a hook server serves only root with CAP_SYS_ADMIN in its namespaces and root")
                     continue
                 if len(_children) >= MAX_CHILDREN:
                     # never wait here: slow clients holding every child must not stop the
@@ -283,6 +287,13 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     elif verb == "create":
         # create's gofer has the launcher fork the init (or the verb ends with an error's code)
         import socket
+
+        from sandbox import sealed
+
+        if not sealed.sealed():  # (its builder enters the container's pid namespace: never a writable host file)
+            os.dup2(log, 2)
+            _decline(conn, "create: the server's interpreter is not sealed (start it as `sandbox serve`)", read=False)
+            return 0
 
         from sandbox.create_frontend import CreateFrontend
         from sandbox.exec_frontend import Decline

@@ -79,12 +79,19 @@ NO_DEVICE_RULES = ("no devices cgroup here (a v1 devices controller, or cgroup v
                    "device access: refusing to run it")
 
 
-def launch(opts: Options, gofer: Gofer, spans, launcher: tuple[int, int] | None = None) -> Launched:
+class Launcher(NamedTuple):
+    """Served create's launcher (sandbox/create_frontend.py): it goes into the container's
+    cgroup, and the gofer has it fork the init (gofer/remote_init.py)."""
+
+    pid: int
+    fd: int  # our connection to it
+    cgroups: str  # its /proc/PID/cgroup before: where it goes back should the create fail
+
+
+def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None) -> Launched:
     """Claim the id, stream the plan, run the runtime-namespace hooks when the gofer pauses,
     and return once the init is ready. On any failure nothing is left: the gofer and the init
-    are killed, the state directory removed, and the error (one line) raised. ``launcher``:
-    served create's (pid, connection fd): the launcher goes into the cgroup, and the gofer
-    has it fork the init (gofer/remote_init.py)."""
+    are killed, the state directory removed, and the error (one line) raised."""
     import prctl
 
     from gofer import protocol
@@ -126,7 +133,7 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: tuple[int, int] | None 
                                       f"with a terminal ({bundle.path}/config.json: process.terminal is "
                                       f"{str(spec.process.terminal).lower()})")
             with spans.span("cgroup"):
-                cgroup = _cgroup(spec, opts, launcher[0] if launcher else gofer.pid, sd)
+                cgroup = _cgroup(spec, opts, launcher.pid if launcher else gofer.pid, sd)
                 gofer.warm[0] = False
                 if not devices_enforced(cgroup.dirs.values() if cgroup else ()):
                     # fail closed: without device rules a node in the image (or one made
@@ -141,7 +148,7 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: tuple[int, int] | None 
                 scratch_size=opts.scratch_size, id=opts.cid, exec_fifo=sd.fifo if opts.detached else None,
                 console_socket=opts.console_socket, detached=opts.detached, preserve_fds=opts.preserve_fds,
                 hooks_pause=pause, cgroup_created=cgroup.created if cgroup is not None else [],
-                state_dir=sd.dir if opts.foreground else None, launcher_fd=launcher[1] if launcher else None))
+                state_dir=sd.dir if opts.foreground else None, launcher_fd=launcher.fd if launcher else None))
             if request is not None:
                 _stream_plan(sock, request, bundle, opts, spans, cgroup)
             if cgroup is not None:
@@ -160,11 +167,16 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: tuple[int, int] | None 
         ready = failure = None
         broken: list = []
         while (msg := _recv(sock, broken)) is not None:
-            if isinstance(msg, protocol.Paused):
+            if isinstance(msg, (protocol.Paused, protocol.Ready)) and (ready is not None or init not in (None, msg.pid)):
+                # one init, one Ready: a frame naming another process is no gofer's
+                failure = failure or SandboxError("the gofer's frames name a second init")
+            elif isinstance(msg, protocol.Paused):
                 init = msg.pid
                 failure = failure or _runtime_hooks(hooks, opts, bundle.path, spec.annotations, msg.pid, sock)
             elif isinstance(msg, protocol.Ready):
                 ready, init = msg, msg.pid
+                if launcher is not None and failure is None and _hung_up(launcher.fd):
+                    failure = SandboxError("the launcher exited before the container was recorded")
                 if opts.detached and failure is None:
                     # the init waits for this before it blocks on exec.fifo (see gofer/main.py)
                     sd.write(_state(opts, ready.pid, bundle, spec, hooks, cgroup))
@@ -197,12 +209,39 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: tuple[int, int] | None 
                 pass
         _reap_all(time.monotonic() + 5)
         if cgroup is not None:
+            if launcher is not None:  # (out of the cgroup it is to remove; a systemd scope's stop would kill it)
+                _move_back(launcher)
             cgroup.remove()
         sd.remove()
         raise
     finally:
         gofer.warm[0] = False
         sock.close()
+
+
+def _hung_up(fd: int) -> bool:
+    """Whether the peer of our connection ``fd`` is gone (it sends nothing while it waits)."""
+    import select
+
+    p = select.poll()
+    p.register(fd, select.POLLRDHUP)
+    return any(ev & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, ev in p.poll(0))
+
+
+def _move_back(launcher: Launcher) -> None:
+    """The launcher back into the cgroups it came from (best effort: it may be gone)."""
+    from gofer.cgroups.common import ROOT
+
+    unified = ROOT if os.path.exists(os.path.join(ROOT, "cgroup.controllers")) else os.path.join(ROOT, "unified")
+    for line in launcher.cgroups.splitlines():
+        _, controllers, path = line.split(":", 2)
+        names = [c.removeprefix("name=") for c in controllers.split(",") if c]
+        for d in [os.path.join(ROOT, n) for n in names[:1]] if names else [unified]:
+            try:
+                with open(os.path.join(d, path.lstrip("/"), "cgroup.procs"), "w") as f:
+                    f.write(str(launcher.pid))
+            except OSError:
+                pass
 
 
 def _reap_all(deadline: float) -> None:

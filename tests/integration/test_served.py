@@ -504,7 +504,8 @@ def test_a_created_init_joins_namespaces_by_path(server, make_bundle, tmp_path):
 
 def test_a_failed_create_is_pythons_and_leaves_nothing(server, make_bundle, tmp_path, driver_root):
     """A bundle error, a GPU that is not there, a cwd that is a file (found while building
-    the root): the same line and code as in Python, and no state, process or cgroup left; a
+    the root), a createContainer hook that fails: the same line and code as in Python, and no
+    state, process or cgroup left (the launcher, in the cgroup, is moved out first); a
     program that is not there fails at start, on the container's stderr, as in Python."""
     path, log, _ = server
     root = tmp_path / "state"
@@ -517,14 +518,15 @@ def test_a_failed_create_is_pythons_and_leaves_nothing(server, make_bundle, tmp_
     bad = make_bundle(["true"])
     (bad / "config.json").write_text('{"ociVersion": "1.0.2", "process": 5, "root": {"path": "rootfs"}}')
     cases["bad-bundle"] = bad
-    before = set(os.listdir("/sys/fs/cgroup"))
+    cases["hook-fails"] = make_bundle(["true"], hooks={"createContainer": [{"path": "/bin/false"}]})
     for name, bundle in cases.items():
         here = _created("", root, bundle, f"{name}-py", tmp_path, "--driver-root", str(driver_root))
         warm = _created(path, root, bundle, f"{name}-warm", tmp_path, "--driver-root", str(driver_root))
         assert warm[:3] == (here[0], here[1].replace(f"{name}-py", f"{name}-warm"), here[2]), (name, warm, here)
         assert (here[0] != 0) is (name != "no-program"), (name, here)
         assert not os.listdir(root), (name, os.listdir(root))
-    assert set(os.listdir("/sys/fs/cgroup")) == before
+        left = [d for d in Path("/sys/fs/cgroup").glob(f"**/{name}-*") if d.is_dir()]
+        assert not left, (name, left)
     assert "declined" not in log.read_text()
 
 
@@ -536,13 +538,16 @@ def test_create_the_launcher_cannot_serve_runs_in_python(server, make_bundle, tm
     spec = json.loads((make_bundle(["true"]) / "config.json").read_text())
     hooks = {"startContainer": [{"path": "/bin/true"}]}
     personality = dict(spec["linux"], personality={"domain": "LINUX32"})
+    many = [f"V{i}=x" for i in range(5000)]
     for name, bundle in (("hooks", make_bundle(["sh", "-c", "echo ran"], hooks=hooks)),
-                         ("personality", make_bundle(["sh", "-c", "echo ran"], linux=personality))):
+                         ("personality", make_bundle(["sh", "-c", "echo ran"], linux=personality)),
+                         ("env", make_bundle(["sh", "-c", "echo ran"], many))):
         warm = _created(path, root, bundle, name, tmp_path)
         assert warm[:3] == (0, "", "ran\n"), (name, warm)
     text = log.read_text()
     assert "declined: create: startContainer hooks" in text
     assert "declined: create: scheduling or a personality" in text
+    assert "declined: create: more arguments, variables, groups or rlimits than the launcher's plan holds" in text
     assert not os.listdir(root)
 
 
@@ -584,3 +589,27 @@ def test_a_served_create_runs_the_hooks_as_python_does(server, make_bundle, tmp_
     for stage in ("prestart", "createRuntime", "createContainer"):
         assert results[("h-warm", stage)] == results[("h-py", stage)]
     assert "declined" not in log.read_text() and sum(": create: " in line for line in served_lines(log)) == 1
+
+
+def test_a_chrooted_launcher_is_not_served(server, make_bundle, tmp_path):
+    """A launcher whose root is not the server's (an engine in a chroot): its paths are not
+    the server's, and pivot_root would not take its child's root along. Declined: create
+    runs in Python, and the container's root is its own, not the host's."""
+    path, log, _ = server
+    chroot = tmp_path / "chr"
+    chroot.mkdir()
+    bundle = make_bundle(["sh", "-c", "ls /"])
+    out = tmp_path / "out"
+    sb = f"{LAUNCHER} --root {tmp_path}/state"
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                        f"mount --rbind / {chroot} && chroot {chroot} {sb} create -b {bundle} c >{out} 2>&1 &&"
+                        f" chroot {chroot} {sb} start c"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, SANDBOX_SERVER=str(path)))
+    assert r.returncode == 0, (r.stderr, out.read_text())
+    deadline = time.monotonic() + 10
+    while "bin" not in out.read_text().split() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    verb("", "--root", tmp_path / "state", "delete", "--force", "c")
+    listing = out.read_text().split()
+    assert "bin" in listing and "work" not in listing and "chr" not in listing, listing
+    assert "declined: a hook server serves only root with CAP_SYS_ADMIN in its namespaces and root" in log.read_text()
