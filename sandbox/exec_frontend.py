@@ -24,15 +24,8 @@ import os
 import socket
 
 from gofer import enter, process
+from gofer import frontend_plan as fp
 from gofer import syscalls as sc
-from gofer.frontend_plan import (
-    command_records,
-    encode,
-    process_records,
-    seccomp_memfd,
-    too_big,
-    unsupported,
-)
 from gofer.seccomp import compile_filter
 from mounts.errors import SandboxError
 from mounts.spec import Personality, Process, Seccomp
@@ -53,10 +46,10 @@ class Frontend:
     def spawn(self, init: int, proc: Process, console=None, preserve_fds: int = 0, detach: bool = False,
               seccomp: Seccomp | None = None, cgroups=(), start_time: int | None = None,
               personality: Personality | None = None) -> int:
-        why = unsupported(proc, console, seccomp, personality) or too_big(proc)
+        why = fp.unsupported(proc, console, seccomp, personality) or fp.too_big(proc)
         if why is not None:
             raise Decline(why)
-        records = ["plan 1", f"detach {int(detach)}", f"preserve {preserve_fds}", *process_records(proc)]
+        records = ["plan 1", f"detach {int(detach)}", f"preserve {preserve_fds}", *fp.process_records(proc)]
         fds = enter.open_namespaces(init, start_time)
         sent: list[int] = []
         try:
@@ -71,10 +64,10 @@ class Frontend:
                 sent.append(entry.cwd)
                 records.append(f"cwd {proc.cwd}")
             if seccomp is not None:
-                sent.append(seccomp_memfd(compile_filter(seccomp).ctx.export_bpf()))
+                sent.append(fp.seccomp_memfd(compile_filter(seccomp).ctx.export_bpf()))
                 records.append(f"seccomp {'late' if proc.no_new_privileges else 'early'}")
-            records += command_records(proc, entry)
-            data = encode(records, sent)
+            records += fp.command_records(proc, entry)
+            data = fp.encode(records, sent)
             if data is None:
                 raise Decline("a plan too big for one message")
             self.conn.settimeout(None)  # (the request's deadline is over; the report comes at exec)
