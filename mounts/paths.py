@@ -82,24 +82,25 @@ class Walk:
 
 def _resolve(root: str, path: str) -> str | None:
     """resolve_in_root, with a loop raised as LinkLoop rather than taken for absence."""
-    done: list[str] = []
+    base = root.rstrip("/")
+    done = [base]  # the host paths walked so far; [0] is the root
     walk = Walk(path)
     for part in walk:
         if part == "..":
-            if done:
+            if len(done) > 1:
                 done.pop()
             continue
-        candidate = os.path.join(root, *done, part)
+        candidate = done[-1] + "/" + part
         try:
             st = os.lstat(candidate)
         except OSError:
             return None
         if stat.S_ISLNK(st.st_mode):
             if walk.follow(os.readlink(candidate)):
-                done = []
+                del done[1:]
             continue
-        done.append(part)
-    return os.path.join(root, *done) if done else root.rstrip("/") or "/"
+        done.append(candidate)
+    return done[-1] or "/"
 
 
 def exists_in_root(root: str, path: str) -> bool:
