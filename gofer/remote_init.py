@@ -124,20 +124,16 @@ def join(init: int) -> None:
 
 def _cgroup_procs(init: int) -> list[int]:
     """The cgroup.procs files of ``init``'s cgroups, open for writing."""
-    from gofer.cgroups.common import ROOT, own_cgroups, own_unified
+    from gofer.cgroups.common import cgroup_dirs
 
-    dirs = [os.path.join(ROOT, name, path.lstrip("/")) for name, path in own_cgroups(init).items()]
-    unified = ROOT if os.path.exists(os.path.join(ROOT, "cgroup.controllers")) else os.path.join(ROOT, "unified")
-    if os.path.isdir(unified):
-        dirs.append(os.path.join(unified, own_unified(init).lstrip("/")))
     fds: list[int] = []
-    try:
-        for d in dirs:
+    for d in cgroup_dirs(init):
+        try:
             fds.append(os.open(os.path.join(d, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC))
-    except OSError as e:
-        for fd in fds:
-            os.close(fd)
-        raise SandboxError(f"{d}: cannot join the container's cgroup: {e.strerror}", op="cgroup", path=d) from None
+        except OSError as e:
+            for fd in fds:
+                os.close(fd)
+            raise SandboxError(f"{d}: cannot join the container's cgroup: {e.strerror}", op="cgroup", path=d) from None
     return fds
 
 

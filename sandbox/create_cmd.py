@@ -20,7 +20,7 @@ def main(args, gofer: Gofer | None = None) -> int:
     spans = Spans(True, os.getpid())  # kept only if a trace is asked for (flag or annotation)
     spans.add("imports + argv", gofer.t0)
     started = launch(options(args, detached=True, foreground=False), gofer, spans,
-                     frontend.launcher() if frontend is not None else None)
+                     *((frontend.launcher(), frontend.read) if frontend is not None else ()))
     if args.pid_file:
         write_pid_file(args.pid_file, started.pid)
     if started.trace:  # the container exists now: a trace that cannot be written only warns

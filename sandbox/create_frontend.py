@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import socket
 
+from gofer.cgroups.common import cgroup_dirs
 from gofer.remote_init import unsupported_create
-from mounts.bundle import load_bundle
 from mounts.errors import SandboxError
-from mounts.request import resolve
 from sandbox.exec_frontend import Decline
 
 
@@ -30,23 +29,23 @@ class CreateFrontend:
         conn.settimeout(None)  # (the request's deadline is over; the gofer talks to it next)
         self.conn, self.pid = conn, pid
         self.planned = False  # (declines come before anything is sent)
-        with open(f"/proc/{pid}/cgroup") as f:
-            self.cgroups = f.read()  # where it goes back should the create fail
+        self.read = None  # launch.read_bundle's, once check has read the bundle
+        self.cgroups = cgroup_dirs(pid)  # where it goes back should the create fail
 
     def check(self, args) -> None:
         """Raise Decline where the launcher's init cannot serve this bundle. A bundle that
         cannot be read is not declined: the verb says so, as it would in Python."""
-        from sandbox.launch import options
+        from sandbox.launch import options, read_bundle
 
         opts = options(args, detached=True, foreground=False)
         if opts.console_socket:
             raise Decline("a terminal")
         try:
-            spec = resolve(load_bundle(opts.bundle).spec, opts.gpus, opts.capabilities, opts.max_capabilities,
-                           opts.cdi_spec_dirs)[0]
+            read = read_bundle(opts)
         except SandboxError:
             return
-        why = unsupported_create(spec)
+        self.read = read  # (launch takes it from here: the bundle is read once)
+        why = unsupported_create(read[1][0])
         if why is not None:
             raise Decline(why)
 

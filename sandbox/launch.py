@@ -85,18 +85,27 @@ class Launcher(NamedTuple):
 
     pid: int
     fd: int  # our connection to it
-    cgroups: str  # its /proc/PID/cgroup before: where it goes back should the create fail
+    cgroups: list[str]  # its cgroups' directories before: where it goes back should the create fail
 
 
-def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None) -> Launched:
+def read_bundle(opts: Options):
+    """(the bundle, mounts.request.resolve's (spec, GPU request, warnings)) of ``opts``."""
+    from mounts.bundle import load_bundle
+    from mounts.request import resolve
+
+    bundle = load_bundle(opts.bundle)
+    return bundle, resolve(bundle.spec, opts.gpus, opts.capabilities, opts.max_capabilities, opts.cdi_spec_dirs)
+
+
+def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None, read=None) -> Launched:
     """Claim the id, stream the plan, run the runtime-namespace hooks when the gofer pauses,
     and return once the init is ready. On any failure nothing is left: the gofer and the init
-    are killed, the state directory removed, and the error (one line) raised."""
+    are killed, the state directory removed, and the error (one line) raised. ``read``:
+    read_bundle's, where the caller has it already (a served create checked the bundle)."""
     import prctl
 
     from gofer import protocol
     from gofer.cgroups import devices_enforced
-    from mounts.bundle import load_bundle
     from mounts.errors import BundleError, SandboxError
     from sandbox.state import StateDir, new_state
 
@@ -112,14 +121,9 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None)
         error = None
         try:
             with spans.span("bundle parse"):
-                bundle = load_bundle(opts.bundle)
-                spec = bundle.spec
+                bundle, (spec, request, warnings) = read or read_bundle(opts)
                 if spec.process is None:
                     raise BundleError(f"{bundle.path}/config.json: process is missing: nothing to run")
-                from mounts.request import resolve
-
-                spec, request, warnings = resolve(spec, opts.gpus, opts.capabilities, opts.max_capabilities,
-                                                  opts.cdi_spec_dirs)
                 for w in warnings:
                     from sandbox.messages import warn
 
@@ -230,18 +234,12 @@ def _hung_up(fd: int) -> bool:
 
 def _move_back(launcher: Launcher) -> None:
     """The launcher back into the cgroups it came from (best effort: it may be gone)."""
-    from gofer.cgroups.common import ROOT
-
-    unified = ROOT if os.path.exists(os.path.join(ROOT, "cgroup.controllers")) else os.path.join(ROOT, "unified")
-    for line in launcher.cgroups.splitlines():
-        _, controllers, path = line.split(":", 2)
-        names = [c.removeprefix("name=") for c in controllers.split(",") if c]
-        for d in [os.path.join(ROOT, n) for n in names[:1]] if names else [unified]:
-            try:
-                with open(os.path.join(d, path.lstrip("/"), "cgroup.procs"), "w") as f:
-                    f.write(str(launcher.pid))
-            except OSError:
-                pass
+    for d in launcher.cgroups:
+        try:
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(launcher.pid))
+        except OSError:
+            pass
 
 
 def _reap_all(deadline: float) -> None:

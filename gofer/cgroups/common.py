@@ -47,6 +47,17 @@ def own_unified(pid: int | str = "self") -> str:
     raise SandboxError(f"/proc/{pid}/cgroup: no cgroup v2 entry")
 
 
+def cgroup_dirs(pid: int | str = "self") -> list[str]:
+    """The directory of each of ``pid``'s cgroups, one per hierarchy mounted under ROOT (the
+    v1 ones by own_cgroups, the unified one at ROOT or ROOT/unified): where writing a pid
+    into cgroup.procs moves it into (or back to) them all."""
+    dirs = {os.path.realpath(os.path.join(ROOT, name)) + path for name, path in own_cgroups(pid).items()}
+    top = ROOT if unified() else os.path.join(ROOT, "unified")
+    if os.path.isdir(top):
+        dirs.add(os.path.join(top, own_unified(pid).lstrip("/")))
+    return sorted(dirs)
+
+
 def device_rules(resources, devices) -> list[Rule]:
     """The container's rules in order: deny all, linux.resources.devices, runc's defaults,
     the linux.devices nodes (the plan's GPU nodes come after, through allow())."""
