@@ -169,7 +169,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     # Nothing the caller left open may reach the container (runc closes them too), except
     # the --preserve-fds ones: from here on every other fd above stderr is close-on-exec;
     # our socket already is.
-    sc.cloexec_from(3 + start.preserve_fds)
+    sc.cloexec_from(3 + (start.preserve_fds if start.launcher_fd is None else 0))  # (served: the launcher's are the engine's)
     spans = Spans(start.trace, os.getpid())
     spans.add("gofer:start", t_spawn)
     spec = start.spec
@@ -180,7 +180,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     if hooks is not None and (hooks.create_container or hooks.start_container):
         import subprocess  # noqa: F401 - imported from the host's tree, before any namespace is joined
 
-    if spec.process.oom_score_adj is not None:
+    if spec.process.oom_score_adj is not None and start.launcher_fd is None:  # (served: the launcher's to write)
         with open("/proc/self/oom_score_adj", "w") as f:  # inherited by the container's process
             f.write(str(spec.process.oom_score_adj))
     # Host-side things the init needs later are taken now, before any namespace is joined (a
@@ -213,10 +213,10 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     chan = None
     if start.launcher_fd is not None:  # served create: pid 1 is the launcher's child
         t = time.monotonic_ns()
-        init, chan = remote_init.clone(socket.socket(fileno=start.launcher_fd), spec, start.preserve_fds)
+        init, chan, unshared = remote_init.clone(socket.socket(fileno=start.launcher_fd), spec, start.preserve_fds)
         cgroups = own_cgroups(init) if any(m.type == "cgroup" for m in spec.mounts) else {}
         remote_init.join(init)  # its child from here on, in its namespaces
-        if rootfs.namespace_flags(spec)[0] & sc.CLONE_NEWNET:
+        if unshared & sc.CLONE_NEWNET:
             sc.loopback_up()
         host_pid = spans.pid = init
         spans.add("clone pid 1", t)
@@ -313,7 +313,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             if not isinstance(protocol.recv_request(sock), protocol.Resume):
                 raise GoferError("the supervisor exited before recording the container")
 
-        remote_init.hand_over(chan, proc, bpf, fifo, remote_ready)
+        remote_init.hand_over(chan, init, proc, bpf, fifo, remote_ready)
         os._exit(0)
     start_hooks = None
     if hooks is not None and hooks.start_container:

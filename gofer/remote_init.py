@@ -23,7 +23,6 @@ frontend.c's plan, and waits for it to be ready before it says Ready itself (``h
 
 from __future__ import annotations
 
-import array
 import os
 import socket
 
@@ -60,9 +59,10 @@ def unsupported_create(spec: Spec) -> str | None:
     return unsupported(proc, None, spec.linux.seccomp, spec.linux.personality) or too_big(proc)
 
 
-def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, socket.socket]:
-    """Have the launcher make the container's pid 1: its pid (as the host sees it) and our
-    channel to it. The namespaces named by path are opened here, as the gofer would join them."""
+def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, socket.socket, int]:
+    """Have the launcher make the container's pid 1: its pid (as the host sees it), our
+    channel to it, and the namespace flags it unshared. The namespaces named by path are
+    opened here, as the gofer would join them."""
     why = unsupported_create(spec)  # (declined before: the bundle read again must not differ)
     if why is not None:
         raise SandboxError(f"create: {why}: not for the launcher's init")
@@ -81,13 +81,11 @@ def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, sock
             records.append(f"ns {sc.NAMESPACES[nstype]} {nstype}")
         data = encode(records, fds)
         assert data is not None  # (a few short records)
-        conn.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
+        socket.send_fds(conn, [data], fds)
     finally:
         for fd in fds:
             os.close(fd)
-    report, ancillary, _flags, _addr = conn.recvmsg(4096, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)
-    got = [fd for level, kind, raw in ancillary if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-           for fd in array.array("i", raw[:len(raw) - len(raw) % 4])]
+    report, got, _flags, _addr = socket.recv_fds(conn, 4096, 1, socket.MSG_CMSG_CLOEXEC)
     if not report:
         raise SandboxError("the launcher exited before it made the container's init")
     pid, error = enter.parse_report(report.decode(errors="replace"))
@@ -96,7 +94,7 @@ def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, sock
             os.close(fd)
         raise error or SandboxError("the launcher sent no channel to the container's init")
     assert pid is not None
-    return pid, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=got[0])
+    return pid, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=got[0]), flags
 
 
 def join(init: int) -> None:
@@ -155,11 +153,16 @@ def shed_privileges(keep: set[int]) -> None:
     prctl.set_no_new_privs(1)
 
 
-def hand_over(chan: socket.socket, proc, bpf: bytes | None, fifo: int, ready) -> None:
+def hand_over(chan: socket.socket, init: int, proc, bpf: bytes | None, fifo: int, ready) -> None:
     """Send pid 1 its process (looked up inside the root: cwd, HOME), wait until it is the
     container's user, then ``ready()`` (Ready, and the supervisor's Resume once the container
     is recorded), and let it go on to wait for start. Its error, if any, raised as its own.
     ``ready`` runs without privileges (shed_privileges, keeping ``chan``)."""
+    # pivot_root took pid 1's root along only if it was the namespace's root (a launcher
+    # chrooted, even into a bind of "/", would leave it the host's): ours, or nothing goes on
+    theirs, ours = os.stat(f"{init}/root", dir_fd=sc.PROC), os.stat("/")
+    if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+        raise SandboxError("the container's init kept a root of the host's (a chrooted launcher?)")
     entry = process.look_up(proc, enter=False)
     records = ["plan 1", *process_records(proc), "fifo"]
     fds = [fifo]
@@ -174,7 +177,7 @@ def hand_over(chan: socket.socket, proc, bpf: bytes | None, fifo: int, ready) ->
         data = encode(records, fds)
         if data is None:
             raise SandboxError("process: its arguments and environment are too big for the launcher's plan")
-        chan.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        socket.send_fds(chan, [data], fds)
     finally:
         for fd in fds[1:]:
             os.close(fd)

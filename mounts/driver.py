@@ -454,8 +454,17 @@ def _xorg(resolver: Resolver, version: str) -> dict[str, str]:
     return found
 
 
-def _ipc(root: str) -> dict[str, str]:
-    return {p: host for paths in catalog.IPC.values() for p in paths if (host := resolve_in_root(root, p)) is not None}
+def _ipc(resolver: Resolver) -> dict[str, str]:
+    """The IPC sockets and directories present (any kind: the gofer checks it)."""
+    found = {}
+    for p in (p for paths in catalog.IPC.values() for p in paths):
+        try:
+            hit = resolver.file(p)
+        except LinkLoop:
+            continue
+        if hit is not None:
+            found[p] = hit[0]
+    return found
 
 
 def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
@@ -504,6 +513,6 @@ def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
         configs=configs,
         loader_texts=loader_texts,
         xorg=_xorg(resolver, version),
-        ipc=_ipc(root),
+        ipc=_ipc(resolver),
         procfs=procfs if procfs is not None and os.path.isdir(procfs) else None,
     )

@@ -9,7 +9,7 @@ import re
 
 import msgspec
 
-from mounts.paths import exists_in_root, is_plain_file, resolve_in_root
+from mounts.paths import exists_in_root, resolve_in_root
 
 CUDA_COMPAT = "/usr/local/cuda/compat"  # where CUDA images keep the forward-compatible driver
 
@@ -53,7 +53,7 @@ def _compat_of(rootfs: str) -> tuple[str | None, tuple[str, ...]]:
     version, links = None, []
     for name in names:
         target = resolve_in_root(rootfs, f"{CUDA_COMPAT.lstrip('/')}/{name}")
-        if target is None or os.path.dirname(target) != host or not is_plain_file(target):
+        if target is None or os.path.dirname(target) != host or not (os.path.isfile(target) and not os.path.islink(target)):
             continue
         m = _COMPAT_CUDA.fullmatch(os.path.basename(target))
         if m and name == "libcuda.so.1":

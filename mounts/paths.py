@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import TypeGuard
 
 from mounts.errors import SandboxError
 
@@ -106,10 +105,6 @@ def _resolve(root: str, path: str) -> str | None:
 def exists_in_root(root: str, path: str) -> bool:
     return resolve_in_root(root, path) is not None
 
-
-def is_plain_file(path: str | None) -> TypeGuard[str]:
-    """A regular file that is no symlink."""
-    return path is not None and os.path.isfile(path) and not os.path.islink(path)
 
 
 _LOOP = "\0loop"  # a directory whose links loop (no path holds a NUL)

@@ -28,7 +28,6 @@ class CreateFrontend:
     def __init__(self, conn: socket.socket, pid: int):
         conn.settimeout(None)  # (the request's deadline is over; the gofer talks to it next)
         self.conn, self.pid = conn, pid
-        self.planned = False  # (declines come before anything is sent)
         self.read = None  # launch.read_bundle's, once check has read the bundle
         self.cgroups = cgroup_dirs(pid)  # where it goes back should the create fail
 
@@ -37,9 +36,7 @@ class CreateFrontend:
         cannot be read is not declined: the verb says so, as it would in Python."""
         from sandbox.launch import options, read_bundle
 
-        opts = options(args, detached=True, foreground=False)
-        if opts.console_socket:
-            raise Decline("a terminal")
+        opts = options(args, detached=True, foreground=False)  # (a console socket: declined by the server already)
         try:
             read = read_bundle(opts)
         except SandboxError:

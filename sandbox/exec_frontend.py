@@ -19,7 +19,6 @@ Python as before.
 
 from __future__ import annotations
 
-import array
 import os
 import socket
 
@@ -71,7 +70,7 @@ class Frontend:
             if data is None:
                 raise Decline("a plan too big for one message")
             self.conn.settimeout(None)  # (the request's deadline is over; the report comes at exec)
-            self.conn.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", sent))])
+            socket.send_fds(self.conn, [data], sent)
             self.planned = True
         finally:  # (the launcher has its own copies of what was sent)
             for fd in {*sent, *(fd for fd, _, _ in fds)}:

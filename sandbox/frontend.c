@@ -58,6 +58,8 @@
 
 struct plan {
     int detach, preserve, nnp, early_seccomp, last_cap, umask;
+    int clone, unshare, oom_set; /* create's "clone" records (frontend_create) */
+    long oom;
     int code_process, code_exec;
     unsigned long long bounding, permitted, inheritable, effective, ambient;
     unsigned uid, gid;
@@ -99,6 +101,27 @@ static void fail(int code, const char *fmt, ...) {
 
 static unsigned long long hex(const char *s) { return strtoull(s, NULL, 16); }
 
+/* Every fd from ``low`` up but ``keep`` closed now (close_range(2), else each fd that
+ * /proc/self/fd lists). */
+static void close_from(unsigned low, int keep) {
+    if (keep >= (int)low) {
+        if ((keep == (int)low || syscall(SYS_close_range, low, (unsigned)keep - 1, 0) == 0)
+            && syscall(SYS_close_range, (unsigned)keep + 1, ~0U, 0) == 0) return;
+    } else if (syscall(SYS_close_range, low, ~0U, 0) == 0) {
+        return;
+    }
+    DIR *d = opendir("/proc/self/fd");
+    if (d == NULL) return;
+    int fds[1024], n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < 1024;) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        if (*end == '\0' && end != e->d_name && fd >= (long)low && fd != keep && fd != dirfd(d)) fds[n++] = (int)fd;
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++) close(fds[i]);
+}
+
 /* Every fd from ``low`` up closes at exec: close_range(2), or where the kernel (before 5.11)
  * or a seccomp profile refuses it, each fd /proc/self/fd lists. -1 if neither works. */
 static int cloexec_from(unsigned low) {
@@ -137,6 +160,9 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
         const char *v = strchr(item, ' ');
         v = v ? v + 1 : "";
         if (!strncmp(item, "plan", 4)) continue;
+        else if (!strncmp(item, "clone", 5)) pl->clone = 1;
+        else if (!strncmp(item, "unshare ", 8)) pl->unshare = atoi(v);
+        else if (!strncmp(item, "oom ", 4)) pl->oom = strtol(v, NULL, 10), pl->oom_set = 1;
         else if (!strncmp(item, "detach ", 7)) pl->detach = atoi(v);
         else if (!strncmp(item, "preserve ", 9)) pl->preserve = atoi(v);
         else if (!strncmp(item, "nnp ", 4)) pl->nnp = atoi(v);
@@ -197,7 +223,7 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
         }
     }
 #undef TAKE_FD
-    return pl->argc > 0 && fdi == nfds ? 0 : -1;
+    return (pl->argc > 0 || pl->clone) && fdi == nfds ? 0 : -1;
 }
 
 static void load_seccomp(struct plan *pl) {
@@ -292,6 +318,26 @@ static void process(struct plan *pl) {
     exec_process(pl);
 }
 
+/* The plan's namespaces joined, each fd closed; -1 with the failure's text in err. */
+static int join_namespaces(struct plan *pl, char *err, size_t n) {
+    for (int i = 0; i < pl->nns; i++) {
+        if (setns(pl->ns[i].fd, pl->ns[i].flag) < 0) {
+            snprintf(err, n, "setns the container's %s namespace: %s", pl->ns[i].name, strerror(errno));
+            return -1;
+        }
+        close(pl->ns[i].fd);
+    }
+    return 0;
+}
+
+static void set_rlimits(struct plan *pl) {
+    for (int i = 0; i < pl->nrlimits; i++) {
+        struct rlimit rl = {.rlim_cur = pl->rlimits[i].soft, .rlim_max = pl->rlimits[i].hard};
+        if (setrlimit(pl->rlimits[i].resource, &rl) < 0)
+            fail(pl->code_process, "process.rlimits: %s: %s", pl->rlimits[i].text, strerror(errno));
+    }
+}
+
 /* C: into the container's cgroups and namespaces, then fork G. Never returns. */
 static void enter(struct plan *pl) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -302,16 +348,9 @@ static void enter(struct plan *pl) {
             fail(1, "%s/cgroup.procs: %s", pl->cgroups[i].path, strerror(errno));
         close(pl->cgroups[i].fd);
     }
-    for (int i = 0; i < pl->nrlimits; i++) {
-        struct rlimit rl = {.rlim_cur = pl->rlimits[i].soft, .rlim_max = pl->rlimits[i].hard};
-        if (setrlimit(pl->rlimits[i].resource, &rl) < 0)
-            fail(pl->code_process, "process.rlimits: %s: %s", pl->rlimits[i].text, strerror(errno));
-    }
-    for (int i = 0; i < pl->nns; i++) {
-        if (setns(pl->ns[i].fd, pl->ns[i].flag) < 0)
-            fail(1, "setns the container's %s namespace: %s", pl->ns[i].name, strerror(errno));
-        close(pl->ns[i].fd);
-    }
+    set_rlimits(pl);
+    char err[512];
+    if (join_namespaces(pl, err, sizeof err) < 0) fail(1, "%s", err);
     pid_t g = fork();
     if (g < 0) fail(1, "fork: %s", strerror(errno));
     if (g > 0) {
@@ -444,11 +483,7 @@ static void init_process(int chan) {
     struct plan pl;
     if (parse(&pl, buf, (size_t)r, fds, nfds) < 0 || pl.fifo < 0)
         fail(1, "the server's plan for the init is not one this launcher reads (rebuild both)");
-    for (int i = 0; i < pl.nrlimits; i++) {
-        struct rlimit rl = {.rlim_cur = pl.rlimits[i].soft, .rlim_max = pl.rlimits[i].hard};
-        if (setrlimit(pl.rlimits[i].resource, &rl) < 0)
-            fail(pl.code_process, "process.rlimits: %s: %s", pl.rlimits[i].text, strerror(errno));
-    }
+    set_rlimits(&pl);
     process(&pl);
 }
 
@@ -458,26 +493,8 @@ static void init_process(int chan) {
  * the container's pid 1, waits for its plan (init_process). The gofer gets "pid N" with the
  * channel to it, or "err CODE MESSAGE"; the server then answers with the exit code. */
 int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds) {
-    int preserve = 0, unshare_flags = 0, oom_set = 0, nns = 0, fdi = 0;
-    long oom = 0;
-    struct { int fd, flag; const char *name; } ns[8];
-    const char *p = buf, *end = buf + n, *item;
-    while (p < end && (item = next_item(&p, end)) != NULL) {
-        const char *v = strchr(item, ' ');
-        v = v ? v + 1 : "";
-        if (!strncmp(item, "clone", 5)) continue;
-        else if (!strncmp(item, "preserve ", 9)) preserve = atoi(v);
-        else if (!strncmp(item, "unshare ", 8)) unshare_flags = atoi(v);
-        else if (!strncmp(item, "oom ", 4)) oom = strtol(v, NULL, 10), oom_set = 1;
-        else if (!strncmp(item, "ns ", 3) && nns < 8 && fdi < nfds) {
-            const char *name = strchr(v, ' ');
-            ns[nns].flag = atoi(v), ns[nns].name = name ? name + 1 : "?", ns[nns++].fd = fds[fdi++];
-        } else {
-            fprintf(stderr, "sandbox create: the server's plan is not one this launcher reads (rebuild both)\n");
-            return 1;
-        }
-    }
-    if (fdi != nfds) {
+    static struct plan pl; /* (its tables are large; this process makes one) */
+    if (parse(&pl, buf, n, fds, nfds) < 0 || !pl.clone) {
         fprintf(stderr, "sandbox create: the server's plan is not one this launcher reads (rebuild both)\n");
         return 1;
     }
@@ -485,18 +502,18 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds) {
     int chan[2] = {-1, -1};
     pid_t init = -1;
     report[0] = '\0';
-    if (cloexec_from(3 + (unsigned)preserve) < 0)
+    char err[512];
+    if (cloexec_from(3 + (unsigned)pl.preserve) < 0)
         snprintf(report, sizeof report, "err 1 cannot close our fds at exec: %s\n", strerror(errno));
-    if (oom_set && !report[0]) {
+    if (pl.oom_set && !report[0]) {
         int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-        if (fd < 0 || dprintf(fd, "%ld", oom) < 0)
-            snprintf(report, sizeof report, "err 1 process.oomScoreAdj %ld: %s\n", oom, strerror(errno));
+        if (fd < 0 || dprintf(fd, "%ld", pl.oom) < 0)
+            snprintf(report, sizeof report, "err 1 process.oomScoreAdj %ld: %s\n", pl.oom, strerror(errno));
         if (fd >= 0) close(fd);
     }
-    for (int i = 0; i < nns && !report[0]; i++)
-        if (setns(ns[i].fd, ns[i].flag) < 0)
-            snprintf(report, sizeof report, "err 1 setns the container's %s namespace: %s\n", ns[i].name, strerror(errno));
-    if (!report[0] && unshare(unshare_flags) < 0)
+    if (!report[0] && join_namespaces(&pl, err, sizeof err) < 0)
+        snprintf(report, sizeof report, "err 1 %s\n", err);
+    if (!report[0] && unshare(pl.unshare) < 0)
         snprintf(report, sizeof report, "err 1 linux.namespaces: cannot create the container's namespaces: %s\n",
                  strerror(errno));
     /* "/" of the new mount namespace: pivot_root moves a cwd there into the container's root,
@@ -507,10 +524,8 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds) {
         snprintf(report, sizeof report, "err 1 socketpair: %s\n", strerror(errno));
     if (!report[0] && (init = fork()) < 0)
         snprintf(report, sizeof report, "err 1 fork: %s\n", strerror(errno));
-    if (init == 0) {
-        close(s);
-        close(chan[0]);
-        for (int i = 0; i < nfds; i++) close(fds[i]);
+    if (init == 0) { /* everything past the engine's --preserve-fds closed, not only flagged: it waits long */
+        close_from(3 + (unsigned)pl.preserve, chan[1]);
         init_process(chan[1]);
     }
     for (int i = 0; i < nfds; i++) close(fds[i]);

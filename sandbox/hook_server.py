@@ -307,7 +307,7 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     except SystemExit as e:  # argparse: an error (2) or --help (0)
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except Exception as e:
-        if frontend is None or not isinstance(e, Decline) or getattr(frontend, "planned", True):
+        if frontend is None or not isinstance(e, Decline) or getattr(frontend, "planned", False):
             raise
         os.dup2(log, 2)  # (the decline's line goes to our log, not the caller's stderr)
         _decline(conn, f"{verb}: {e}", read=False)
@@ -398,6 +398,7 @@ def _preload() -> None:
         pass  # (no libseccomp: a container's filter is then refused, as without the server)
     import argparse  # noqa: F401
     import subprocess  # noqa: F401 - the bundle's hooks (Docker's libnetwork hook: every create of Docker's)
+    import tomllib  # noqa: F401 - the config file, read by every verb where there is one
 
     import sandbox.config  # noqa: F401
     import sandbox.hook_cmd  # noqa: F401

@@ -99,7 +99,9 @@ def bench_verbs(work: Path) -> None:
             run_round(i)
         served = server.served()
         declined = [line for line in server.log.read_text().splitlines() if ": declined: " in line]
-    print(f"  (the warm server served {served} of {4 * (N + 1)} verbs; declined: {declined or 'none'})")
+    if served != len(verbs) * (N + 1) or declined:  # (else "served" figures are Python's)
+        raise SystemExit(f"the warm server served {served} of {len(verbs) * (N + 1)} verbs; declined: {declined}")
+    print(f"  (the warm server served all {served} verbs)")
     for v in verbs:
         med = {r: statistics.median(times[(r, v)]) for r in runtimes}
         print(f"  {v:<7} sandbox {med['sandbox']:6.1f} ms   with server {med['sandbox+server']:6.1f} ms   "

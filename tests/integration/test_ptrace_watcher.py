@@ -197,7 +197,7 @@ def test_a_created_init_of_the_launchers_shows_no_host_file(make_bundle, tmp_pat
             time.sleep(0.1)
             subprocess.run([*cli, "delete", "--force", "c"], **quiet)
         served = server.log.read_text()
-    assert ": create: " in served and "declined" not in served, served
+    assert "sandbox serve: create: " in served and "declined" not in served, served
     launcher = os.stat(engines.SANDBOX)
     host.add((launcher.st_dev, launcher.st_ino))
     records = [line.split() for line in (w / "out").read_text().splitlines()]

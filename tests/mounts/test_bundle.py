@@ -114,6 +114,7 @@ def test_each_rule_refuses_in_one_line(rule, changes, named):
 PARSE = [
     ({"process__user__uid": 2**64}, ["process.user.uid", "out of range"]),
     ({"process__user__gid": -1}, ["process.user.gid"]),
+    ({"process__args": []}, ["$.process.args"]),
     ({"process__rlimits": [{"type": "RLIMIT_NOFILE", "soft": 2**64, "hard": 2**64}]}, ["process.rlimits[0].soft"]),
     ({"process__rlimits": [{"type": "RLIMIT_BOGUS", "soft": 1, "hard": 1}]}, ["RLIMIT_BOGUS"]),
     ({"process__env": ["A=b\0c"]}, ["$.process.env[0]", "NUL"]),
