@@ -528,7 +528,7 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds) {
         close_from(3 + (unsigned)pl.preserve, chan[1]);
         init_process(chan[1]);
     }
-    for (int i = 0; i < nfds; i++) close(fds[i]);
+    /* (the namespaces' fds: closed as they were joined; their numbers may be chan's now) */
     if (!report[0]) snprintf(report, sizeof report, "pid %d\n", init);
     union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } control;
     struct iovec iov = {.iov_base = report, .iov_len = strlen(report)};
