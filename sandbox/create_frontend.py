@@ -1,8 +1,11 @@
-"""`sandbox create` with the warm server: the server's child runs the verb's Python (the
-command line, the state, the bundle, the cgroup with the launcher in it, the plan) and forks
-the gofer, warm; the container's init is made by the launcher, as its child, and the gofer
-builds its root from inside its namespaces and hands it its process (gofer/remote_init.py,
-sandbox/frontend.c). No Python starts on the container's path.
+"""`sandbox create` and `sandbox run` with the warm server: the server's child runs the
+verb's Python (the command line, the state, the bundle, the cgroup with the launcher in it,
+the plan) and forks the gofer, warm; the container's init is made by the launcher, as its
+child, and the gofer builds its root from inside its namespaces and hands it its process
+(gofer/remote_init.py, sandbox/frontend.c). No Python starts on the container's path. A run
+is a create that the server's child then starts (through exec.fifo, as `run -d`); in the
+foreground, the launcher reaps the container and reports its end (``wait``), and the child
+removes it as Python's run does.
 
 The prestart and createRuntime hooks run here while the builder waits, as in Python; the
 createContainer hooks run from the builder, in the container's namespaces before pivot_root.
@@ -50,3 +53,28 @@ class CreateFrontend:
         from sandbox.launch import Launcher
 
         return Launcher(self.pid, self.conn.fileno(), self.cgroups)
+
+    def wait(self, state) -> int:
+        """A foreground run's container started: the launcher, its pid 1's parent, waits for
+        it and sends "status N", its wait status, returned here. A launcher gone first takes
+        the container with it (as Python's run does when its supervisor dies): SIGKILL."""
+        import signal
+        import time
+
+        from sandbox.launch import move_back
+        from sandbox.state import start_time
+        from sandbox.state_cmd import signal_all
+
+        move_back(self.launcher())  # out of the container's cgroups, removed at its end
+        try:
+            self.conn.sendall(b'{"started": true}')
+            data = self.conn.recv(64)
+        except OSError:
+            data = b""
+        if data.startswith(b"status ") and data[7:].isdigit():
+            return int(data[7:])
+        signal_all(state, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while start_time(state.pid) == state.start_time and time.monotonic() < deadline:
+            time.sleep(0.002)  # (reaped by whoever pid 1 passed on to)
+        return signal.SIGKILL  # (its wait status)

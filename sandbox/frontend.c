@@ -382,18 +382,24 @@ ssize_t recv_plan(int s, char *buf, int *fds, int *nfds) {
     return r;
 }
 
+#define RUNNING 256 /* server_code's {"started"}: a foreground run's container runs */
+
 /* The server's {"code"} for the verb, once it is done (s is closed here); 1 with a line
- * where it died first. */
+ * where it died first. A foreground run's server answers once the container has
+ * started: {"started"}, RUNNING, s left open (wait_and_report). */
 static int server_code(int s, const char *verb) {
     char reply[512];
     ssize_t r;
     do r = recv(s, reply, sizeof reply - 1, 0); while (r < 0 && errno == EINTR);
+    if (r > 0) {
+        reply[r] = '\0';
+        if (field(reply, "started")) return RUNNING;
+    }
     close(s);
     if (r <= 0) {
         fprintf(stderr, "sandbox %s: the server died before it answered\n", verb);
         return 1;
     }
-    reply[r] = '\0';
     const char *v = field(reply, "code");
     return v ? atoi(v) & 0xff : 1;
 }
@@ -402,6 +408,39 @@ static volatile pid_t forward_to;
 
 static void forward(int sig) {
     if (forward_to > 0) kill(forward_to, sig);
+}
+
+/* Signals that stop a foreground run or exec (SIGINT, SIGTERM, SIGHUP) passed on to ``pid``. */
+static void forward_signals(pid_t pid) {
+    forward_to = pid;
+    struct sigaction sa = {.sa_handler = forward};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
+/* A foreground run, served: its container's pid 1 is our child, and the server's child waits
+ * for its end. We pass signals on, reap it, send "status N" (the wait status), and exit with
+ * the code the server answers once it has run the poststop hooks and removed the container
+ * (gone before, the server kills the container: as Python's run, whose supervisor died). */
+static int wait_and_report(int s, pid_t init) {
+    forward_signals(init);
+    int status;
+    while (waitpid(init, &status, 0) < 0)
+        if (errno != EINTR) {
+            status = SIGKILL; /* (not ours: cannot be, we forked it) */
+            break;
+        }
+    char line[32];
+    int n = snprintf(line, sizeof line, "status %d", status);
+    if (send(s, line, (size_t)n, 0) < 0) {
+        fprintf(stderr, "sandbox run: the server went away: %s\n", strerror(errno));
+        close(s);
+        return 1;
+    }
+    int code = server_code(s, "run");
+    return code == RUNNING ? 1 : code;
 }
 
 int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds) {
@@ -456,12 +495,7 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds) {
         if (failed && g > 0 && !pl.detach) waitpid(g, NULL, 0); /* (it exits right after its report) */
         return code;
     }
-    forward_to = g;
-    struct sigaction sa = {.sa_handler = forward};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    forward_signals(g);
     int status;
     while (waitpid(g, &status, 0) < 0)
         if (errno != EINTR) return 1;
@@ -492,10 +526,10 @@ static void init_process(int chan) {
  * process the engine started, which is in the container's cgroups already; then its child,
  * the container's pid 1, waits for its plan (init_process). The gofer gets "pid N" with the
  * channel to it, or "err CODE MESSAGE"; the server then answers with the exit code. */
-int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds) {
+int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, const char *verb) {
     static struct plan pl; /* (its tables are large; this process makes one) */
     if (parse(&pl, buf, n, fds, nfds) < 0 || !pl.clone) {
-        fprintf(stderr, "sandbox create: the server's plan is not one this launcher reads (rebuild both)\n");
+        fprintf(stderr, "sandbox %s: the server's plan is not one this launcher reads (rebuild both)\n", verb);
         return 1;
     }
     char report[2048];
@@ -542,10 +576,12 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds) {
     }
     ssize_t sent = sendmsg(s, &msg, 0);
     if (chan[0] >= 0) close(chan[0]);
-    int code = sent >= 0 ? server_code(s, "create") : (close(s), 1);
+    int code = sent >= 0 ? server_code(s, verb) : (close(s), 1);
+    if (code == RUNNING && init > 0) /* a run's: ours to wait for */
+        return wait_and_report(s, init);
     if (code != 0 && init > 0) { /* (it gives up on its own at the gofer's EOF; a zombie left to the engine would not) */
         kill(init, SIGKILL);
         while (waitpid(init, NULL, 0) < 0 && errno == EINTR) {}
     }
-    return code;
+    return code == RUNNING ? 1 : code;
 }

@@ -41,8 +41,11 @@ commands, run to completion), so nothing needs to descend from the engine's proc
 does fork the container's process: its child answers with a plan, not {"running"}, and the
 launcher forks (sandbox/exec_frontend.py, sandbox/frontend.c); so does create's, whose
 gofer has the launcher fork the init and builds its root (sandbox/create_frontend.py,
-gofer/remote_init.py). run always runs in the launcher's own Python. A server keeps the code it started with: restart it after an
-upgrade.
+gofer/remote_init.py). run goes as create does, then the server's child starts the
+container, and for a foreground run answers {"started"}: the launcher, pid 1's parent,
+waits for it and sends its wait status back, and the child removes the container as
+Python's run does and answers with the exit code. A server keeps the code it started with:
+restart it after an upgrade.
 """
 
 from __future__ import annotations
@@ -254,12 +257,12 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     t = time.monotonic()
     argv, cwd, umask, env = request.get("verb") or [], request.get("cwd"), request.get("umask"), request.get("env")
     verb = flags.verb_of(argv) if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
-    if not ((verb in SERVED or verb in ("exec", "create")) and isinstance(cwd, str) and isinstance(umask, int)
+    if not ((verb in SERVED or verb in ("exec", "create", "run")) and isinstance(cwd, str) and isinstance(umask, int)
             and 0 <= umask <= 0o777 and isinstance(env, list) and all(isinstance(e, str) and "=" in e for e in env)
             and len(fds) == 3):
         _decline(conn, "a request the launcher does not send", read=False)
         return 0
-    if verb in ("exec", "create"):
+    if verb in ("exec", "create", "run"):
         lean = flags.lean_args(argv)
         if lean is None or getattr(lean, "tty", False) or lean.console_socket:  # (before a console socket is connected)
             _decline(conn, f"{verb}: a terminal, or a command line for argparse", read=False)
@@ -284,15 +287,16 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
         from sandbox.exec_frontend import Decline, Frontend
 
         frontend = Frontend(conn)
-    elif verb == "create":
-        # create's gofer has the launcher fork the init (or the verb ends with an error's code)
+    elif verb in ("create", "run"):
+        # create's gofer has the launcher fork the init (or the verb ends with an error's code);
+        # a foreground run's child then waits for the launcher to report the container's end
         import socket
 
         from sandbox import sealed
 
         if not sealed.sealed():  # (its builder enters the container's pid namespace: never a writable host file)
             os.dup2(log, 2)
-            _decline(conn, "create: the server's interpreter is not sealed (start it as `sandbox serve`)", read=False)
+            _decline(conn, f"{verb}: the server's interpreter is not sealed (start it as `sandbox serve`)", read=False)
             return 0
 
         from sandbox.create_frontend import CreateFrontend
@@ -317,7 +321,10 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
             stream.flush()
         except (OSError, ValueError):
             pass
-    conn.sendall(dumps({"code": code}).encode())
+    try:
+        conn.sendall(dumps({"code": code}).encode())
+    except OSError:
+        pass  # (a run's launcher killed while it waited: its container went with it)
     line = f"sandbox serve: {verb}: {' '.join(argv)[:300]}: exit {code} in {(time.monotonic() - t) * 1e3:.1f} ms\n"
     os.write(log, line.encode("utf-8", "replace"))
     return 0

@@ -214,7 +214,7 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
         _reap_all(time.monotonic() + 5)
         if cgroup is not None:
             if launcher is not None:  # (out of the cgroup it is to remove; a systemd scope's stop would kill it)
-                _move_back(launcher)
+                move_back(launcher)
             cgroup.remove()
         sd.remove()
         raise
@@ -232,7 +232,7 @@ def _hung_up(fd: int) -> bool:
     return any(ev & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, ev in p.poll(0))
 
 
-def _move_back(launcher: Launcher) -> None:
+def move_back(launcher: Launcher) -> None:
     """The launcher back into the cgroups it came from (best effort: it may be gone)."""
     for d in launcher.cgroups:
         try:

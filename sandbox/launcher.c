@@ -20,7 +20,7 @@
  * and stderr as SCM_RIGHTS, so the server's forked child writes where the verb would, and
  * the exit code comes back. No Python starts here. Where the server is of no use (none
  * listens, it is not root's, it declines, a full queue for a second, an argument that is not
- * UTF-8) the verb runs here as before. `exec` and `create` go the same way after this
+ * UTF-8) the verb runs here as before. `exec`, `create` and `run` go the same way after this
  * program has re-executed itself from a read-only view of itself: the server answers with a
  * plan that frontend.c carries out in this process tree (sandbox/exec_frontend.py,
  * sandbox/create_frontend.py).
@@ -161,9 +161,9 @@ static int served(int argc, char **argv) {
     return (int)(v & 0xff);
 }
 
-/* exec or create, planned by the server and carried out here (frontend.c): its exit code,
+/* exec, create or run, planned by the server and carried out here (frontend.c): its exit code,
  * or -1 where the server is of no use (nothing has happened yet: the verb runs in Python). */
-static int served_plan(int argc, char **argv) {
+static int served_plan(int argc, char **argv, const char *verb) {
     int s = send_request(argc, argv);
     if (s < 0) return -1;
     char *buf = malloc(MAX_REQUEST + 1);
@@ -175,7 +175,7 @@ static int served_plan(int argc, char **argv) {
         return -1; /* never taken up, or a plan too big for us: the verb in Python */
     }
     if (strncmp(buf, "plan", 4) == 0) return frontend_exec(s, buf, (size_t)r, fds, nfds);
-    if (strncmp(buf, "clone", 5) == 0) return frontend_create(s, buf, (size_t)r, fds, nfds);
+    if (strncmp(buf, "clone", 5) == 0) return frontend_create(s, buf, (size_t)r, fds, nfds, verb);
     for (int i = 0; i < nfds; i++) close(fds[i]);
     close(s); /* {"fallback"}, or {"code"}: the error already printed */
     int code = field(buf, "fallback") ? -1 : (field(buf, "code") ? atoi(field(buf, "code")) & 0xff : 1);
@@ -214,11 +214,11 @@ int main(int argc, char **argv)
         if (code >= 0)
             return code;
     }
-    if (verb && (strcmp(verb, "exec") == 0 || strcmp(verb, "create") == 0) && server_listens()) {
+    if (verb && (!strcmp(verb, "exec") || !strcmp(verb, "create") || !strcmp(verb, "run")) && server_listens()) {
         if (!sealed())
             seal(argv);
         if (sealed()) {
-            int code = served_plan(argc, argv);
+            int code = served_plan(argc, argv, verb);
             if (code >= 0)
                 return code;
         }

@@ -22,16 +22,21 @@ def main(args, gofer: Gofer | None = None) -> int:
     from gofer.spans import Spans
     from mounts.errors import SandboxError
 
+    frontend = getattr(args, "frontend", None)  # the warm server's: the launcher forks (sandbox/create_frontend.py)
+    if frontend is not None:
+        frontend.check(args)  # (a Decline: the launcher runs the verb in Python, nothing done)
     pid, _sock, t0, _warm = gofer = gofer or spawn_gofer()
-    forward_signals(pid)  # until the event loop, if any, takes over
+    if frontend is None:
+        forward_signals(pid)  # until the event loop, if any, takes over
     if args.trace and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
         _kill(pid)
         raise SandboxError(f"--trace {args.trace}: its directory does not exist")
     spans = Spans(True, os.getpid())  # kept only if a trace is asked for (flag or annotation)
     spans.add("imports + argv", t0)
-    opts = options(args, detached=args.detach, foreground=not args.detach)
+    # served, the launcher's init waits on exec.fifo as a created one does, even in the foreground
+    opts = options(args, detached=args.detach or frontend is not None, foreground=not args.detach)
     try:
-        started = launch(opts, gofer, spans)
+        started = launch(opts, gofer, spans, *((frontend.launcher(), frontend.read) if frontend is not None else ()))
     except BaseException:
         if args.trace:
             _write_trace(args.trace, spans, [])
@@ -43,15 +48,17 @@ def main(args, gofer: Gofer | None = None) -> int:
         write_pid_file(args.pid_file, started.pid)
     hooks = started.hooks
     state = state_json(opts.cid, "running", started.pid, opts.bundle, started.state.annotations)
-    if args.detach:
+    if opts.detached:
         from sandbox.start_cmd import release
 
-        release(sd, started.state)
-        return 0
-    _warn_hooks(run_hooks, hooks.poststart if hooks else [], "poststart", state)
+        release(sd, started.state)  # (and the poststart hooks)
+        if args.detach:
+            return 0
+    else:
+        _warn_hooks(run_hooks, hooks.poststart if hooks else [], "poststart", state)
     t = time.monotonic_ns()
-    status = _exited_within(pid, SHORT_LIVED)
-    spans.add("wait (short-lived)", t)
+    status = frontend.wait(started.state) if frontend is not None else _exited_within(pid, SHORT_LIVED)
+    spans.add("wait (short-lived)" if frontend is None else "wait", t)
     if status is None:  # still running: the event loop supervises it from here on
         t = time.monotonic_ns()
         from sandbox.supervisor import wait_container

@@ -614,3 +614,104 @@ def test_a_chrooted_launcher_is_not_served(server, make_bundle, tmp_path):
     listing = out.read_text().split()
     assert "bin" in listing and "work" not in listing and "chr" not in listing, listing
     assert "declined: a hook server serves only root with CAP_SYS_ADMIN in its namespaces and root" in log.read_text()
+
+
+def _run(server_path, root, bundle, cid, *flags, signal_after=None):
+    """`sandbox run` (served where server_path is a server's): (exit code, stdout, stderr);
+    ``signal_after``: (seconds, signal) sent to the launcher meanwhile."""
+    proc = subprocess.Popen([str(LAUNCHER), "--root", str(root), *flags, "run", "--id", cid, str(bundle)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, SANDBOX_SERVER=str(server_path)))
+    if signal_after is not None:
+        time.sleep(signal_after[0])
+        proc.send_signal(signal_after[1])
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
+def test_run_by_the_front_end_is_pythons(server, make_bundle, driver_root, tmp_path):
+    """A foreground `sandbox run`, served: the launcher is pid 1's parent and waits for it;
+    the container's output, exit code, poststart and poststop hooks are Python's run's, and
+    nothing is left."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    hooks = {stage: [{"path": "/bin/sh", "args": ["sh", "-c", f"cat > {marks}/{stage}-$0", "{cid}"]}]
+             for stage in ("poststart", "poststop")}
+    bundles = _bundles(make_bundle, tmp_path)
+    cases = {"base": bundles["base"], "gpu": bundles["gpu"],
+             "exit": make_bundle(["sh", "-c", "echo out; echo err >&2; exit 3"])}
+    for name, bundle in cases.items():
+        spec = json.loads((bundle / "config.json").read_text())
+        results = []
+        for cid, server_path in ((f"{name}-py", ""), (f"{name}-warm", path)):
+            spec["hooks"] = {stage: [dict(h, args=[a.replace("{cid}", cid) for a in h["args"]]) for h in hs]
+                             for stage, hs in hooks.items()}
+            (bundle / "config.json").write_text(json.dumps(spec))
+            code, out, err = _run(server_path, root, bundle, cid, "--driver-root", str(driver_root))
+            states = [json.loads((marks / f"{stage}-{cid}").read_text()) for stage in ("poststart", "poststop")]
+            results.append((code, _normal(out, cid, name), err, [(s["status"], s["id"] == cid) for s in states]))
+        assert results[1] == results[0], (name, results)
+        assert not os.listdir(root), (name, os.listdir(root))
+        assert not [d for d in Path("/sys/fs/cgroup").glob(f"**/{name}-*") if d.is_dir()], name
+    assert results[0][:3] == (3, "out\n", "err\n")
+    assert "declined" not in log.read_text()
+    assert sum(": run: " in line for line in served_lines(log)) == len(cases), log.read_text()
+
+
+def test_a_served_run_forwards_signals(server, make_bundle, tmp_path):
+    """SIGTERM to `sandbox run` reaches the container's process, whose exit is the run's; an
+    init killed by a signal is 128+N, as in Python's run (and runc's)."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    bundle = make_bundle(["sh", "-c", "trap 'echo got it; exit 7' TERM; echo up; sleep 60 & wait"])
+    code, out, _ = _run(path, root, bundle, "t", signal_after=(1.0, signal.SIGTERM))
+    assert (code, out) == (7, "up\ngot it\n")
+    codes = []
+    for cid, server_path in (("k-py", ""), ("k-warm", path)):
+        proc = subprocess.Popen([str(LAUNCHER), "--root", str(root), "run", "--id", cid, str(make_bundle(["sleep", "60"]))],
+                                stdin=subprocess.DEVNULL, env=dict(os.environ, SANDBOX_SERVER=str(server_path)))
+        deadline = time.monotonic() + 20
+        while (state := verb("", "--root", root, "state", cid)).returncode != 0 or \
+                json.loads(state.stdout)["status"] != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(json.loads(state.stdout)["pid"], signal.SIGKILL)
+        codes.append(proc.wait(timeout=20))
+    assert codes == [137, 137]
+    assert not os.listdir(root)
+    assert sum(": run: " in line for line in served_lines(log)) == 2, log.read_text()
+
+
+def test_a_killed_run_takes_its_container_along(server, make_bundle, tmp_path):
+    """A served run's launcher killed (SIGKILL): the server's child kills the container and
+    removes its state and cgroups, as a Python run's gofer does when its supervisor dies."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    code, _, _ = _run(path, root, make_bundle(["sleep", "60"]), "gone", signal_after=(1.0, signal.SIGKILL))
+    assert code == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while os.listdir(root) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not os.listdir(root)
+    assert not [d for d in Path("/sys/fs/cgroup").glob("**/gone") if d.is_dir()]
+    assert not [p for p in _in_child_pid_namespaces() if "sleep" in Path(f"/proc/{p[0]}/cmdline").read_text()]
+    assert ": run: " in log.read_text()
+
+
+def test_a_served_detached_run(server, make_bundle, tmp_path):
+    """`run -d`, served: the container is created and started, and left to the caller."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    with open(tmp_path / "out", "w") as f:
+        r = subprocess.run([str(LAUNCHER), "--root", str(root), "run", "-d", "-b", str(make_bundle(["sleep", "60"])),
+                            "d"], stdin=subprocess.DEVNULL, stdout=f, stderr=f, timeout=60,
+                           env=dict(os.environ, SANDBOX_SERVER=str(path)))
+    try:
+        assert r.returncode == 0, (tmp_path / "out").read_text()
+        state = json.loads(verb(path, "--root", root, "state", "d").stdout)
+        assert state["status"] == "running" and alive(state["pid"])
+    finally:
+        verb(path, "--root", root, "delete", "--force", "d")
+    assert ": run: " in log.read_text() and not os.listdir(root)
