@@ -2,7 +2,7 @@
 """Benchmark container start, side by side in one run (interleaved), medians and ratios:
 
   sandbox run  busybox bundle with GPUs (compute,utility, all GPUs of the 535 fixture)
-  sandbox run  the same bundle without GPUs
+  sandbox run  the same bundle without GPUs (each also through the warm server: "served")
   runc run     the same bundle without GPUs
   runc run     with `sandbox hook` as createRuntime hook (GPUs), and with a no-op hook
   sandbox run  with/without GPUs on an image whose ld.so.cache has 1400 entries
@@ -46,9 +46,12 @@ SANDBOX = [str(REPO / ".venv/bin/sandbox")] if os.access(REPO / ".venv/bin/sandb
 COOL = 0.1
 
 
-def timed(cmd: list[str], **kw) -> float:
+COLD = dict(os.environ, SANDBOX_SERVER="")  # the launcher's own Python, whatever listens at the default socket
+
+
+def timed(cmd: list[str], env: dict | None = None) -> float:
     t = time.perf_counter()
-    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env or COLD)
     dt = (time.perf_counter() - t) * 1e3
     if r.returncode != 0:
         raise SystemExit(f"benchmark command failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr}")
@@ -117,7 +120,8 @@ def _bench(n: int, driver: Path, work: Path) -> int:
                      (big_warm, ["--server", str(server_sock)])):
         subprocess.run(SANDBOX + ["hook", "install", str(b), "--driver-root", str(driver), *extra], check=True,
                        stdout=subprocess.DEVNULL)
-    server = subprocess.Popen(SANDBOX + ["hook", "serve", "--server", str(server_sock)], stderr=subprocess.DEVNULL)
+    server_log = open(work / "server.log", "w")
+    server = subprocess.Popen(SANDBOX + ["hook", "serve", "--server", str(server_sock)], stderr=server_log)
     atexit.register(server.terminate)  # whatever happens below
     while not server_sock.exists():
         time.sleep(0.01)
@@ -141,10 +145,14 @@ def _bench(n: int, driver: Path, work: Path) -> int:
     binds = raw_script(plan, rootfs)
 
     state = work / "state"
+    served = dict(os.environ, SANDBOX_SERVER=str(server_sock))  # `sandbox run` through the same server
     variants = {
         "sandbox run, GPU": lambda i: timed(SANDBOX + ["run", str(gpu), "--driver-root", str(driver),
                                                        "--root", str(state)]),
         "sandbox run, no GPU": lambda i: timed(SANDBOX + ["run", str(plain), "--root", str(state)]),
+        "sandbox run, GPU, served": lambda i: timed(SANDBOX + ["run", str(gpu), "--driver-root", str(driver),
+                                                               "--root", str(state)], served),
+        "sandbox run, no GPU, served": lambda i: timed(SANDBOX + ["run", str(plain), "--root", str(state)], served),
         "runc run, no GPU": lambda i: timed(["runc", "--root", str(state / "runc"), "run", "--bundle",
                                              str(plain), f"b{i}"]),
         "runc run, GPU bundle, no hook": lambda i: timed(["runc", "--root", str(state / "runc"), "run",
@@ -212,6 +220,9 @@ def _bench(n: int, driver: Path, work: Path) -> int:
 
     server.terminate()
     server.wait(timeout=10)
+    runs = (work / "server.log").read_text().count(": run: ")
+    if runs != 2 * (n + 1):  # (the warm-up's too)
+        raise SystemExit(f"the 'served' runs were not all served: {runs} of {2 * (n + 1)} in {work}/server.log")
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"container start, median of {n} interleaved runs (wall ms, whole process):")
     for k, v in med.items():
@@ -240,6 +251,9 @@ def _bench(n: int, driver: Path, work: Path) -> int:
           f"{med['runc run + sandbox hook, 1400-lib image'] - med['runc run, 1400-lib image, no hook']:7.2f} ms"
           f" (warm server: {med['runc run + sandbox hook, warm server, 1400-lib image'] - med['runc run, 1400-lib image, no hook']:.2f} ms)")
     print(f"  sandbox run, no GPU / runc run, no GPU               {med['sandbox run, no GPU'] / med['runc run, no GPU']:7.2f} x")
+    print(f"  ... served by the warm server                        "
+          f"{med['sandbox run, no GPU, served'] / med['runc run, no GPU']:7.2f} x"
+          f" (GPU: {med['sandbox run, GPU, served'] / med['runc run, no GPU']:.2f} x)")
     print(f"  seccomp + limits add to sandbox run                  "
           f"{med['sandbox run, no GPU, seccomp + limits'] - med['sandbox run, no GPU']:7.2f} ms"
           f" (to its execve: {ex['no GPU, seccomp + limits'] - ex['no GPU']:.2f} ms)")
