@@ -137,7 +137,8 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
                                       f"with a terminal ({bundle.path}/config.json: process.terminal is "
                                       f"{str(spec.process.terminal).lower()})")
             with spans.span("cgroup"):
-                cgroup = _cgroup(spec, opts, launcher.pid if launcher else gofer.pid, sd)
+                cgroup = _cgroup(spec, opts, launcher.pid if launcher else gofer.pid, sd,
+                                 launcher.fd if launcher else None)
                 gofer.warm[0] = False
                 if not devices_enforced(cgroup.dirs.values() if cgroup else ()):
                     # fail closed: without device rules a node in the image (or one made
@@ -233,7 +234,10 @@ def _hung_up(fd: int) -> bool:
 
 
 def move_back(launcher: Launcher) -> None:
-    """The launcher back into the cgroups it came from (best effort: it may be gone)."""
+    """The launcher back into the cgroups it came from (best effort: it may be gone, and
+    then its pid may be another process's: nothing is written)."""
+    if _hung_up(launcher.fd):
+        return
     for d in launcher.cgroups:
         try:
             with open(os.path.join(d, "cgroup.procs"), "w") as f:
@@ -284,9 +288,10 @@ def _own_pid_ns(spec) -> bool:
     return any(ns.type == "pid" and not ns.path for ns in spec.linux.namespaces)
 
 
-def _cgroup(spec, opts: Options, gofer: int, sd):
+def _cgroup(spec, opts: Options, gofer: int, sd, launcher_fd: int | None = None):
     """The container's cgroup, limits and device rules applied, with ``gofer`` in it before
-    it forks the init (which inherits it). None on a host without any cgroup hierarchy.
+    it forks the init (which inherits it): a served create's launcher, whose connection is
+    ``launcher_fd``. None on a host without any cgroup hierarchy.
     The directories it will make are in the state first: a create killed at any point is
     then deleted whole by `delete --force`."""
     from gofer.cgroups import container_cgroup
@@ -327,6 +332,8 @@ def _cgroup(spec, opts: Options, gofer: int, sd):
     try:
         cgroup.create()
         cgroup.apply(spec.linux.resources, spec.linux.devices)
+        if launcher_fd is not None and _hung_up(launcher_fd):  # its pid (SO_PEERCRED) may be another's now
+            raise SandboxError("the launcher exited before the container's cgroup was made")
         cgroup.add(gofer)
     except BaseException:
         cgroup.remove()
