@@ -141,9 +141,14 @@ class Engine:
         """What goes between `run` and the image: the runtime, no network, the GPU env."""
         raise NotImplementedError
 
+    def load(self, archive: Path) -> None:
+        """An image from a docker-archive tar (fixtures.image_archive)."""
+        r = self.cli(*(("images", "import") if self.name == "containerd" else ("load", "-i")), str(archive))
+        assert r.returncode == 0, r.stderr
+
     def run(self, name: str, *cmd: str, gpu: bool = False, detach: bool = False, tty: bool = False,
-            rm: bool = True, runtime: str = "sandbox", memory: int | None = None) -> list[str]:
-        """The argv of `ENGINE run` for ``cmd`` in our image (a container called ``name``),
+            rm: bool = True, runtime: str = "sandbox", memory: int | None = None, image: str = IMAGE) -> list[str]:
+        """The argv of `ENGINE run` for ``cmd`` in ``image`` (a container called ``name``),
         with ``runtime`` (sandbox or runc) as the OCI runtime and a ``memory`` limit (bytes)."""
         flags = (["--rm"] if rm else []) + (["-d"] if detach else []) + (["-t"] if tty else [])
         if memory is not None:
@@ -154,8 +159,8 @@ class Engine:
         if self.name == "containerd":
             if self.systemd:  # ctr's default cgroup is a path: the systemd driver wants slice:prefix:name
                 flags += ["--runc-systemd-cgroup", "--cgroup", f"system.slice:ctr:{name}"]
-            return [*self.prefix(runtime), "run", *flags, *args, IMAGE, name, *cmd]
-        return [*self.prefix(runtime), "run", *flags, "--name", name, *args, IMAGE, *cmd]
+            return [*self.prefix(runtime), "run", *flags, *args, image, name, *cmd]
+        return [*self.prefix(runtime), "run", *flags, "--name", name, *args, image, *cmd]
 
     def exec(self, name: str, *cmd: str, tty: bool = False, runtime: str = "sandbox") -> list[str]:
         """(``runtime`` as the container was run with: podman forgets its runtime flags.)"""
@@ -217,8 +222,7 @@ class Podman(Engine):
 
     def start(self, image: Path) -> None:
         self.host_paths = {} if self.systemd else _cgroup_parents("libpod_parent")  # (systemd: machine.slice)
-        r = self.cli("load", "-i", str(image))
-        assert r.returncode == 0, r.stderr
+        self.load(image)
 
     def run_args(self, gpu: bool, runtime: str = "sandbox") -> list[str]:
         # this VM gives us no CAP_SYS_RESOURCE for podman's default nofile/nproc limits
@@ -250,8 +254,7 @@ class Containerd(Engine):
         (b / "sandbox.toml").write_text(f'driver-root = "{self.driver_root}"\n')
         env = dict(os.environ, SANDBOX_CONFIG=str(b / "sandbox.toml"))  # the shims pass it on to us
         self._daemon(["containerd", "--config", str(b / "config.toml")], "containerd.log", 30, env)
-        r = self.cli("images", "import", str(image))
-        assert r.returncode == 0, r.stderr
+        self.load(image)
 
     def prefix(self, runtime: str = "sandbox") -> list[str]:
         return ["ctr", "-a", str(self.base / "containerd.sock"), "-n", "test"]
@@ -298,8 +301,7 @@ class Docker(Engine):
         self._daemon(["dockerd", "--config-file", str(b / "daemon.json"), "--data-root", str(b / "data"),
                       "--exec-root", str(b / "exec"), "--pidfile", str(b / "dockerd.pid"),
                       "-H", f"unix://{b}/docker.sock"], "dockerd.log", 60, env)
-        r = self.cli("load", "-i", str(image))
-        assert r.returncode == 0, r.stderr
+        self.load(image)
         # docker keeps its own runc root; ours is the one under exec-root it passes as --root
         self.runtime_root = b / "exec/runtime-sandbox/moby"
         self.wrapper_root = b / "exec/runtime-wrapper/moby"

@@ -500,6 +500,38 @@ def loaders_rootfs() -> Path:
     return _finish(tmp, root)
 
 
+FAT_LIBS = 1400  # the issue's "image with 1400 libraries"
+
+
+def fat_rootfs() -> Path:
+    """rootfs("debian") with an ld.so.cache of FAT_LIBS entries, each naming a library file
+    there (hard links of one small shared library, a SONAME of its own in the cache): the
+    ld.so.cache a GPU container's is built from, at a large image's size."""
+    root = CACHE / f"rootfs-fat-v{ROOTFS_REV}"
+    if _done(root):
+        return root
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from mounts import ldcache
+
+    tmp = _fresh(root)
+    shutil.rmtree(tmp)
+    shutil.copytree(rootfs("debian"), tmp, symlinks=True)
+    libdir = tmp / "usr/lib/x86_64-linux-gnu"
+    src = tmp / "bench.c"
+    src.write_text("int bench(void) { return 1; }\n")
+    run("gcc", "-shared", "-fPIC", "-O1", "-o", libdir / "libbench.so", src)
+    src.unlink()
+    entries = ldcache.read(str(tmp / "etc/ld.so.cache"))
+    for i in range(FAT_LIBS - len(entries)):
+        name = f"libbench{i}.so.{i % 7}"
+        os.link(libdir / "libbench.so", libdir / name)
+        entries.append(ldcache.Entry(name, f"/usr/lib/x86_64-linux-gnu/{name}"))
+    (libdir / "libbench.so").unlink()
+    (tmp / "etc/ld.so.cache").write_bytes(ldcache.build(entries))
+    return _finish(tmp, root)
+
+
 # --- bundles -----------------------------------------------------------------------------
 
 
@@ -588,18 +620,20 @@ def demo_bundle() -> Path:
 
 
 IMAGE = "localhost/gpubox:latest"
+FAT_IMAGE = "localhost/gpubox-fat:latest"  # fat_rootfs()'s
 
 
-def image_archive() -> Path:
-    """The Debian-style rootfs as a docker-archive tar (manifest.json, config, one layer):
-    what `podman load`, `ctr images import` and `docker load` all read, with no registry."""
+def image_archive(fat: bool = False) -> Path:
+    """The Debian-style rootfs (fat: fat_rootfs()) as a docker-archive tar (manifest.json,
+    config, one layer): what `podman load`, `ctr images import` and `docker load` all read,
+    with no registry."""
     import hashlib
     import tarfile
 
-    out = CACHE / f"gpubox-v{ROOTFS_REV}.tar"
+    out = CACHE / f"gpubox{'-fat' if fat else ''}-v{ROOTFS_REV}.tar"
     if out.exists():
         return out
-    root = rootfs("debian")
+    root = fat_rootfs() if fat else rootfs("debian")
     tmp = CACHE / "image.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -619,7 +653,7 @@ def image_archive() -> Path:
     (tmp / digest).mkdir()
     layer.rename(tmp / digest / "layer.tar")
     (tmp / "manifest.json").write_text(json.dumps(
-        [{"Config": config_name, "RepoTags": [IMAGE], "Layers": [f"{digest}/layer.tar"]}]))
+        [{"Config": config_name, "RepoTags": [FAT_IMAGE if fat else IMAGE], "Layers": [f"{digest}/layer.tar"]}]))
     partial = out.with_suffix(".partial.tar")
     with tarfile.open(partial, "w") as t:
         for name in ("manifest.json", config_name, f"{digest}/layer.tar"):

@@ -4,6 +4,8 @@ side by side in one run (interleaved), medians:
 
   ENGINE run --rm IMAGE true    runc | sandbox | sandbox with NVIDIA_VISIBLE_DEVICES=all
                                 | scripts/sandbox-runc (runc for it: no GPU asked) | the same with GPUs
+                                | runc and sandbox with GPUs on an image with 1400 libraries
+                                  in its ld.so.cache (fixtures.fat_rootfs)
   for podman, containerd (ctr) and dockerd, each started privately (scripts/engines.py)
 
 and each runtime verb alone on one bundle (create, start, state, kill, delete): sandbox
@@ -53,15 +55,18 @@ COOL = 0.1
 def bench_engine(name: str, work: Path) -> None:
     eng = engines.ENGINES[name](work / name, fixtures.driver_535())
     eng.start(fixtures.image_archive())
+    eng.load(fixtures.image_archive(fat=True))
+    fat = dict(image=fixtures.FAT_IMAGE)
     variants = {"runc": dict(runtime="runc"), "sandbox": dict(runtime="sandbox"),
                 "sandbox+gpu": dict(runtime="sandbox", gpu=True), "wrapper": dict(runtime="wrapper"),
-                "wrapper+gpu": dict(runtime="wrapper", gpu=True)}
+                "wrapper+gpu": dict(runtime="wrapper", gpu=True), "runc fat": dict(runtime="runc", **fat),
+                "sandbox+gpu fat": dict(runtime="sandbox", gpu=True, **fat)}
     times: dict[str, list[float]] = {v: [] for v in variants}
     try:
         for i in range(N + 1):  # the first round warms caches and is dropped
             for v, kw in variants.items():
                 time.sleep(COOL)
-                dt = timed(eng.run(f"b{i}{v.replace('+', '')}", "true", **kw))
+                dt = timed(eng.run(f"b{i}{v.replace('+', '').replace(' ', '')}", "true", **kw))
                 if i:
                     times[v].append(dt)
     finally:
@@ -69,7 +74,8 @@ def bench_engine(name: str, work: Path) -> None:
     med = {v: statistics.median(t) for v, t in times.items()}
     print(f"{name:<11} " + "  ".join(f"{v} {m:6.1f} ms" for v, m in med.items())
           + f"   over runc: sandbox {med['sandbox'] - med['runc']:+.1f} ms, gpu {med['sandbox+gpu'] - med['runc']:+.1f} ms;"
-          f" sandbox-runc {med['wrapper'] - med['runc']:+.1f} ms, gpu {med['wrapper+gpu'] - med['runc']:+.1f} ms")
+          f" sandbox-runc {med['wrapper'] - med['runc']:+.1f} ms, gpu {med['wrapper+gpu'] - med['runc']:+.1f} ms;"
+          f" fat image: gpu {med['sandbox+gpu fat'] - med['runc fat']:+.1f} ms over its runc")
 
 
 def bench_verbs(work: Path) -> None:

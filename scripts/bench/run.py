@@ -33,8 +33,6 @@ sys.path.insert(0, str(REPO))
 
 import fixtures  # noqa: E402
 
-from mounts import ldcache  # noqa: E402
-
 PY = str(REPO / ".venv/bin/python")
 SANDBOX = [str(REPO / ".venv/bin/sandbox")] if os.access(REPO / ".venv/bin/sandbox", os.X_OK) else [PY, "-m", "sandbox.cli"]  # what engines run
 
@@ -56,17 +54,6 @@ def timed(cmd: list[str], env: dict | None = None) -> float:
     if r.returncode != 0:
         raise SystemExit(f"benchmark command failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr}")
     return dt
-
-
-def big_cache_rootfs(work: Path) -> Path:
-    """The Debian-like rootfs with an ld.so.cache of 1400 entries (a large image)."""
-    root = work / "rootfs-big"
-    shutil.copytree(fixtures.rootfs("debian"), root, symlinks=True)
-    entries = ldcache.read(str(root / "etc/ld.so.cache"))
-    entries += [ldcache.Entry(f"libbench{i}.so.{i % 7}", f"/usr/lib/x86_64-linux-gnu/libbench{i}.so.{i % 7}")
-                for i in range(1400 - len(entries))]
-    (root / "etc/ld.so.cache").write_bytes(ldcache.build(entries))
-    return root
 
 
 def raw_script(plan: dict, rootfs: Path) -> str:
@@ -104,7 +91,7 @@ def _bench(n: int, driver: Path, work: Path) -> int:
     rootfs = fixtures.rootfs("debian")
     gpu = fixtures.bundle(work / "gpu", rootfs, ["true"], gpu_env)
     plain = fixtures.bundle(work / "plain", rootfs, ["true"])
-    big = big_cache_rootfs(work)
+    big = fixtures.fat_rootfs()  # an ld.so.cache of 1400 libraries
     big_gpu = fixtures.bundle(work / "big-gpu", big, ["true"], gpu_env)
     big_plain = fixtures.bundle(work / "big-plain", big, ["true"])
     hooked = fixtures.bundle(work / "hooked", rootfs, ["true"], gpu_env)
