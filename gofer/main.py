@@ -191,9 +191,10 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     filt = bpf = None
     if spec.linux.seccomp is not None:
         with spans.span("seccomp compile", rules=len(spec.linux.seccomp.syscalls)):
-            filt = seccomp.compile_filter(spec.linux.seccomp)
             if start.launcher_fd is not None:  # (libseccomp is a host library: export it now)
-                bpf = filt.ctx.export_bpf()
+                bpf = seccomp.export(spec.linux.seccomp)
+            else:
+                filt = seccomp.compile_filter(spec.linux.seccomp)
     in_userns, userns_path = userns.new_namespace(spec)
     sources = None
     if in_userns:

@@ -68,6 +68,53 @@ class Filter:
             self.listener.close()
 
 
+CACHE: str | None = None  # the warm server's directory of exported filters (sandbox/hook_server.py), root's alone
+MAX_CACHED = 256  # filters kept at most: past that, each is compiled as without a cache
+
+
+def export(spec: Seccomp) -> bytes:
+    """``spec`` compiled and exported as BPF (struct sock_filter[]) for a process that loads
+    it itself (sandbox/frontend.c). With CACHE set, a filter exported before is read back: an
+    engine gives every container one default profile, and its compiling was ~7 ms of each
+    served create and exec here, 30 under load. The key is the profile as encoded and
+    libseccomp's identity; a file that is not whole instructions is not used."""
+    if CACHE is None:
+        return compile_filter(spec).ctx.export_bpf()
+    import hashlib
+
+    from mounts.atomic import replace_whole
+
+    key = hashlib.sha256(msgspec.json.encode(spec) + b"\0" + sc.Seccomp.identity().encode()).hexdigest()
+    try:
+        cache = os.open(CACHE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return compile_filter(spec).ctx.export_bpf()
+    try:
+        try:
+            fd = os.open(key, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=cache)
+        except FileNotFoundError:
+            pass
+        except OSError:  # (a link, or worse: nothing of ours)
+            return compile_filter(spec).ctx.export_bpf()
+        else:
+            with open(fd, "rb") as f:
+                bpf = f.read(MAX_BPF + 1)
+            if 0 < len(bpf) <= MAX_BPF and len(bpf) % 8 == 0:
+                return bpf
+        bpf = compile_filter(spec).ctx.export_bpf()
+        try:
+            if len(os.listdir(cache)) < MAX_CACHED:
+                replace_whole(key, bpf, 0o600, dir_fd=cache)
+        except OSError:
+            pass  # (a full /run: compiled each time, as without a cache)
+        return bpf
+    finally:
+        os.close(cache)
+
+
+MAX_BPF = 4096 * 8  # BPF_MAXINSNS instructions of 8 bytes
+
+
 def compile_filter(spec: Seccomp) -> Filter:
     """The filter, ready to load. Errors name the field (one line)."""
     try:

@@ -58,7 +58,7 @@ def generate(args) -> int:
     if not args.output:
         sys.stdout.write(text)
         return 0
-    from sandbox.atomic import write_atomically
+    from mounts.atomic import write_atomically
 
     write_atomically(args.output, text.encode(), "--output")
     return 0

@@ -45,7 +45,7 @@ def main(args) -> int:
         with open(path + ".bak", "w") as f:
             f.write(old)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    from sandbox.atomic import write_atomically
+    from mounts.atomic import write_atomically
 
     write_atomically(path, new.encode(), f"sandbox configure {engine}")
     what = "the default runtime" if args.default else "a runtime"

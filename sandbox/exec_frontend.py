@@ -25,7 +25,7 @@ import socket
 from gofer import enter, process
 from gofer import frontend_plan as fp
 from gofer import syscalls as sc
-from gofer.seccomp import compile_filter
+from gofer.seccomp import export
 from mounts.errors import SandboxError
 from mounts.spec import Personality, Process, Seccomp
 
@@ -63,7 +63,7 @@ class Frontend:
                 sent.append(entry.cwd)
                 records.append(f"cwd {proc.cwd}")
             if seccomp is not None:
-                sent.append(fp.seccomp_memfd(compile_filter(seccomp).ctx.export_bpf()))
+                sent.append(fp.seccomp_memfd(export(seccomp)))
                 records.append(f"seccomp {'late' if proc.no_new_privileges else 'early'}")
             records += fp.command_records(proc, entry)
             data = fp.encode(records, sent)

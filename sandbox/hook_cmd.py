@@ -118,7 +118,7 @@ def install(args) -> int:
         if not hooks[stage]:
             del hooks[stage]
     hooks.setdefault(args.stage, []).append(entry)
-    from sandbox.atomic import write_atomically
+    from mounts.atomic import write_atomically
 
     write_atomically(config, json.dumps(spec, indent=2).encode(), "hook install")
     print(f"added sandbox hook ({args.stage}) to {config}")

@@ -109,6 +109,7 @@ def serve(args, main) -> int:
         path = os.path.abspath(args.server or (os.environ.get("SANDBOX_SERVER") if args.verb == "serve" else None)
                                or SOCKET)
         listener = _listen(path)
+    _filter_cache(path)
     print(f"sandbox hook serve: listening on {path}", file=sys.stderr, flush=True)
 
     def stop(_signum, _frame):
@@ -183,12 +184,7 @@ def _listen(path: str):
 
     from mounts.errors import SandboxError
 
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    st = os.lstat(directory)
-    if st.st_uid != 0 or st.st_mode & 0o022 or not os.path.isdir(directory) or os.path.islink(directory):
-        raise SandboxError(f"--server {path}: {directory} must be a directory of root's that no one else may "
-                           "write (another user could take the socket's place)")
+    _root_only_dir(os.path.dirname(path), f"--server {path}", "another user could take the socket's place")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
         probe.connect(path)
@@ -211,6 +207,31 @@ def _listen(path: str):
     listener.listen(64)
     _bound[path] = os.lstat(path).st_ino
     return listener
+
+
+def _root_only_dir(directory: str, what: str, why: str) -> None:
+    """``directory``, made if missing: it must be root's and writable by no one else."""
+    from mounts.errors import SandboxError
+
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    st = os.lstat(directory)
+    if st.st_uid != 0 or st.st_mode & 0o022 or not os.path.isdir(directory) or os.path.islink(directory):
+        raise SandboxError(f"{what}: {directory} must be a directory of root's that no one else may write ({why})")
+
+
+def _filter_cache(path: str) -> None:
+    """Exported seccomp filters kept beside the socket (gofer/seccomp.py's CACHE), for the
+    creates and execs our children serve; without it each compiles its filter."""
+    from gofer import seccomp
+    from mounts.errors import SandboxError
+
+    directory = os.path.join(os.path.dirname(path), "bpf")
+    try:
+        _root_only_dir(directory, "seccomp filter cache", "a filter planted there would be a container's")
+    except (OSError, SandboxError) as e:
+        print(f"sandbox hook serve: no seccomp filter cache: {e}", file=sys.stderr, flush=True)
+        return
+    seccomp.CACHE = directory
 
 
 _bound: dict[str, int] = {}  # socket path -> the inode we bound there
@@ -404,6 +425,7 @@ def _preload() -> None:
     except OSError:
         pass  # (no libseccomp: a container's filter is then refused, as without the server)
     import argparse  # noqa: F401
+    import hashlib  # noqa: F401 - the seccomp filter cache's key
     import subprocess  # noqa: F401 - the bundle's hooks (Docker's libnetwork hook: every create of Docker's)
     import tomllib  # noqa: F401 - the config file, read by every verb where there is one
 
@@ -411,10 +433,9 @@ def _preload() -> None:
     import sandbox.hook_cmd  # noqa: F401
     import sandbox.trace  # noqa: F401
     from gofer import embed, enter, gpu, main, remote_init, root, seccomp, spans  # noqa: F401
-    from mounts import bundle, driver, elf, ldcache, plan, request, spec  # noqa: F401
+    from mounts import atomic, bundle, driver, elf, ldcache, plan, request, spec  # noqa: F401
     from sandbox import (  # noqa: F401
         api,
-        atomic,
         cdi_cmd,
         create_cmd,
         create_frontend,

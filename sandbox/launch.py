@@ -424,6 +424,6 @@ def _gofer_died(pid: int):
 
 def write_pid_file(path: str, pid: int) -> None:
     """The init's pid, written atomically (engines read it as soon as we exit)."""
-    from sandbox.atomic import write_atomically
+    from mounts.atomic import write_atomically
 
     write_atomically(path, str(pid).encode(), "--pid-file")

@@ -189,8 +189,8 @@ class StateDir:
 
     @staticmethod
     def _write_json(d: int, state: State) -> None:
-        """state.json in the directory ``d``, replaced whole (sandbox/atomic.py)."""
-        from sandbox.atomic import replace_whole
+        """state.json in the directory ``d``, replaced whole (mounts/atomic.py)."""
+        from mounts.atomic import replace_whole
 
         replace_whole("state.json", state.to_json().encode(), 0o600, dir_fd=d)
 

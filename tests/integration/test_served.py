@@ -444,6 +444,7 @@ def test_create_by_the_front_end_is_pythons(server, make_bundle, driver_root, tm
     assert sum(": create: " in line for line in served_lines(log)) == 5, log.read_text()
     assert "declined" not in log.read_text()
     assert not os.listdir(root)
+    assert len(os.listdir(path.parent / "bpf")) == 1  # two bundles, one profile: the second read it back
 
 
 def _in_child_pid_namespaces() -> list[tuple[int, str]]:

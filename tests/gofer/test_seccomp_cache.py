@@ -1,0 +1,79 @@
+"""The warm server's cache of exported seccomp filters (gofer/seccomp.py's export): a profile
+met before is read back, not compiled again; nothing but whole instructions of our own writing
+is ever used."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import msgspec
+import pytest
+
+import fixtures
+from gofer import seccomp
+from mounts.spec import Seccomp
+
+PROFILE = msgspec.json.decode(json.dumps(fixtures.engine_seccomp_profile()), type=Seccomp)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    try:
+        seccomp.sc.Seccomp.lib()
+    except OSError:
+        pytest.skip("no libseccomp here")
+    monkeypatch.setattr(seccomp, "CACHE", str(tmp_path))
+    return tmp_path
+
+
+def _compiled(spec: Seccomp) -> bytes:
+    return seccomp.compile_filter(spec).ctx.export_bpf()
+
+
+def _no_compiling(monkeypatch):
+    def refuse(spec):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(seccomp, "compile_filter", refuse)
+
+
+def test_without_a_cache_the_filter_is_compiled(monkeypatch):
+    monkeypatch.setattr(seccomp, "CACHE", None)
+    try:
+        bpf = seccomp.export(PROFILE)
+    except OSError:
+        pytest.skip("no libseccomp here")
+    assert bpf == _compiled(PROFILE) and len(bpf) % 8 == 0
+
+
+def test_a_profile_is_compiled_once(cache, monkeypatch):
+    first = seccomp.export(PROFILE)
+    assert first == _compiled(PROFILE)
+    assert len(os.listdir(cache)) == 1
+    other = msgspec.structs.replace(PROFILE, default_errno_ret=13)
+    assert seccomp.export(other) == _compiled(other) != first
+    assert len(os.listdir(cache)) == 2
+    _no_compiling(monkeypatch)
+    assert seccomp.export(PROFILE) == first
+
+
+def test_only_whole_instructions_of_ours_are_used(cache, monkeypatch):
+    """A torn file is compiled over; a link in a key's place is never followed nor replaced."""
+    first = seccomp.export(PROFILE)
+    (key,) = os.listdir(cache)
+    (cache / key).write_bytes(first[:-3])
+    assert seccomp.export(PROFILE) == first
+    assert (cache / key).read_bytes() == first
+    target = cache.parent / "elsewhere"
+    target.write_bytes(b"\0" * 8)
+    (cache / key).unlink()
+    (cache / key).symlink_to(target)
+    assert seccomp.export(PROFILE) == first
+    assert (cache / key).is_symlink() and target.read_bytes() == b"\0" * 8
+
+
+def test_a_full_cache_is_not_written(cache, monkeypatch):
+    monkeypatch.setattr(seccomp, "MAX_CACHED", 0)
+    assert seccomp.export(PROFILE) == _compiled(PROFILE)
+    assert os.listdir(cache) == []
