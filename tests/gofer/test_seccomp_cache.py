@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import os
 
+import fixtures
 import msgspec
 import pytest
 
-import fixtures
 from gofer import seccomp
 from mounts.spec import Seccomp
 
