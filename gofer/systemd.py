@@ -319,6 +319,7 @@ class SystemdCgroup:
         self.resources = self.devices = None
         self.fs: cgroups.CgroupV1 | cgroups.CgroupV2 | None = None
         self.gpu_nodes: list[tuple[int, int]] = []
+        self.announced = 0  # how many of them the unit has in its DeviceAllow
 
     def missing(self) -> list[str]:
         return []
@@ -336,8 +337,11 @@ class SystemdCgroup:
         from gofer import cgroups
 
         rules = cgroups.device_rules(self.resources, self.devices)
-        group = start_scope(self.unit, self.slice, pid,
-                            resource_properties(self.resources, self.v2) + device_properties(rules))
+        properties = resource_properties(self.resources, self.v2) + device_properties(rules)
+        if self.gpu_nodes:  # allowed before the unit starts: in it from the first (see seal)
+            properties.append(self._gpu_allow())
+        self.announced = len(self.gpu_nodes)
+        group = start_scope(self.unit, self.slice, pid, properties)
         try:
             if self.v2:
                 self.dirs = {"unified": os.path.join(cgroups.ROOT, group.lstrip("/"))}
@@ -352,6 +356,8 @@ class SystemdCgroup:
                 self.created = self.fs.created
                 self.fs.add(pid)
             self.fs.apply(self.resources, self.devices)  # the files systemd has no property for
+            for major, minor in self.gpu_nodes:
+                self.fs.allow(major, minor)
         except BaseException:
             self.remove()
             raise
@@ -362,13 +368,17 @@ class SystemdCgroup:
             self.fs.allow(major, minor)
 
     def seal(self) -> None:
-        """The GPU nodes into the unit's DeviceAllow too (systemd's own device program or its
-        rewrite of the v1 rules must allow them), then our program (v2)."""
-        if self.gpu_nodes:
-            set_properties(self.unit, [("DeviceAllow", ("a(ss)", [(f"/dev/char/{a}:{b}", "rw")
-                                                                  for a, b in self.gpu_nodes]))])
+        """The GPU nodes allowed since the unit started into its DeviceAllow too (systemd's own
+        device program or its rewrite of the v1 rules must allow them), then our program (v2).
+        Such a rewrite denies everything first, while the root is being built: a launch
+        that knows its GPU nodes allows them before add(), and nothing is set here."""
+        if len(self.gpu_nodes) > self.announced:
+            set_properties(self.unit, [self._gpu_allow(self.announced)])
         if self.fs is not None:
             self.fs.seal()
+
+    def _gpu_allow(self, start: int = 0):
+        return ("DeviceAllow", ("a(ss)", [(f"/dev/char/{a}:{b}", "rw") for a, b in self.gpu_nodes[start:]]))
 
     def remove(self) -> None:
         from gofer import cgroups
