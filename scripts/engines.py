@@ -40,7 +40,11 @@ DOCKER = "/usr/bin/docker"  # the Debian client that matches dockerd 20.10 (not 
 
 class WarmServer:
     """`sandbox serve` on a socket under ``base``, started and stopped by pid: with
-    SANDBOX_SERVER set to ``path``, the launcher has it run the verbs that start no process."""
+    SANDBOX_SERVER set to ``path``, the launcher has it run the verbs that start no process.
+    In a session of its own, as a service's (systemd starts each so): the scheduler's
+    autogroups then weigh it as a node's service, not as one more job of the caller's
+    session (a bench's busy loops there took its CPU, while runc under conmon or a shim,
+    each a session of its own, kept theirs)."""
 
     def __init__(self, base: Path, path: Path | None = None):
         self.path = path or base / "server" / "server.sock"
@@ -51,7 +55,7 @@ class WarmServer:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen([SANDBOX, "serve", "--server", str(self.path)], stdin=subprocess.DEVNULL,
-                                         stdout=out, stderr=out)
+                                         stdout=out, stderr=out, start_new_session=True)
         deadline = time.monotonic() + 20
         while not self.path.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -60,9 +64,9 @@ class WarmServer:
         return self
 
     def served(self) -> int:
-        """How many verbs it has served so far."""
+        """How many verbs and hooks it has served so far."""
         return sum(1 for line in self.log.read_text().splitlines()
-                   if line.startswith("sandbox serve: ") and ": exit " in line)
+                   if line.startswith(("sandbox serve: ", "sandbox hook serve: ")) and ": exit " in line)
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -57,10 +57,7 @@ def main() -> int:
     Path("/run/cdi/cold.json").write_text(json.dumps(cold))
     base = tempfile.mkdtemp(prefix="cdib", dir="/tmp")  # podman wants a runroot under 50 characters
     # the warm server at its default socket, in this namespace's own /run
-    server = subprocess.Popen([engines.SANDBOX, "serve"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=open(f"{base}/server.log", "w"), env=dict(os.environ, SANDBOX_SERVER=""))
-    while not os.path.exists("/run/gpu-sandbox/hook.sock"):
-        time.sleep(0.02)
+    server = engines.WarmServer(Path(base), Path("/run/gpu-sandbox/hook.sock")).__enter__()
     try:
         podman = ["podman", "--root", f"{base}/root", "--runroot", f"{base}/runroot", "--tmpdir", f"{base}/tmp",
                   "--storage-driver", "overlay", "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
@@ -94,10 +91,9 @@ def main() -> int:
                     raise SystemExit(f"{name}: {r.stderr}")
                 if i:
                     times[name].append((time.perf_counter() - t) * 1e3)
-        served = sum(": exit 0 in " in line for line in Path(f"{base}/server.log").read_text().splitlines())
+        served = server.served()
     finally:
-        server.terminate()
-        server.wait()
+        server.__exit__()
         shutil.rmtree(base, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     floor = med["podman + runc, no GPU"]

@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO))
 
+import engines  # noqa: E402
 import fixtures  # noqa: E402
 
 PY = str(REPO / ".venv/bin/python")
@@ -107,11 +108,8 @@ def _bench(n: int, driver: Path, work: Path) -> int:
                      (big_warm, ["--server", str(server_sock)])):
         subprocess.run(SANDBOX + ["hook", "install", str(b), "--driver-root", str(driver), *extra], check=True,
                        stdout=subprocess.DEVNULL)
-    server_log = open(work / "server.log", "w")
-    server = subprocess.Popen(SANDBOX + ["hook", "serve", "--server", str(server_sock)], stderr=server_log)
-    atexit.register(server.terminate)  # whatever happens below
-    while not server_sock.exists():
-        time.sleep(0.01)
+    server = engines.WarmServer(work, server_sock).__enter__()
+    atexit.register(server.__exit__)  # whatever happens below
     noop = fixtures.bundle(work / "noop", rootfs, ["true"], gpu_env)
     spec = json.loads((noop / "config.json").read_text())
     spec["hooks"] = {"createRuntime": [{"path": "/bin/true", "args": ["true"]}]}
@@ -205,9 +203,8 @@ def _bench(n: int, driver: Path, work: Path) -> int:
                 rss.append(spans["supervisor done"]["args"]["maxrss_kib"] / 1024)
                 shutil.copy(trace, work / "gpu-trace.json")
 
-    server.terminate()
-    server.wait(timeout=10)
-    runs = (work / "server.log").read_text().count(": run: ")
+    server.__exit__()
+    runs = server.log.read_text().count(": run: ")
     if runs != 2 * (n + 1):  # (the warm-up's too)
         raise SystemExit(f"the 'served' runs were not all served: {runs} of {2 * (n + 1)} in {work}/server.log")
     med = {k: statistics.median(v) for k, v in results.items()}
