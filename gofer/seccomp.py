@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import stat
 
 import msgspec
 
@@ -77,7 +78,8 @@ def export(spec: Seccomp) -> bytes:
     it itself (sandbox/frontend.c). With CACHE set, a filter exported before is read back: an
     engine gives every container one default profile, and its compiling was ~7 ms of each
     served create and exec here, 30 under load. The key is the profile as encoded and
-    libseccomp's identity; a file that is not whole instructions is not used."""
+    libseccomp's identity (the server empties the cache as it starts: it keeps the code it
+    loaded); a file that is not root's alone, one name, whole instructions is not used."""
     if CACHE is None:
         return compile_filter(spec).ctx.export_bpf()
     import hashlib
@@ -98,8 +100,10 @@ def export(spec: Seccomp) -> bytes:
             return compile_filter(spec).ctx.export_bpf()
         else:
             with open(fd, "rb") as f:
+                st = os.fstat(fd)
                 bpf = f.read(MAX_BPF + 1)
-            if 0 < len(bpf) <= MAX_BPF and len(bpf) % 8 == 0:
+            ours = stat.S_ISREG(st.st_mode) and st.st_uid == 0 and st.st_nlink == 1 and not st.st_mode & 0o077
+            if ours and 0 < len(bpf) <= MAX_BPF and len(bpf) % 8 == 0:
                 return bpf
         bpf = compile_filter(spec).ctx.export_bpf()
         try:

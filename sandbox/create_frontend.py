@@ -16,6 +16,7 @@ plan cannot carry (gofer/frontend_plan.py)."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 from gofer.cgroups.common import cgroup_dirs
@@ -57,7 +58,9 @@ class CreateFrontend:
     def wait(self, state) -> int:
         """A foreground run's container started: the launcher, its pid 1's parent, waits for
         it and sends "status N", its wait status, returned here. A launcher gone first takes
-        the container with it (as Python's run does when its supervisor dies): SIGKILL."""
+        the container with it (as Python's run does when its supervisor dies): SIGKILL. We
+        wait as a process of our own, no longer the server's child (a container may run for
+        days): should we die, the launcher removes the container itself at its end."""
         import signal
         import time
 
@@ -66,8 +69,13 @@ class CreateFrontend:
         from sandbox.state_cmd import signal_all
 
         move_back(self.launcher())  # out of the container's cgroups, removed at its end
+        if os.fork():  # the wait is no request of the server's: out of its children (MAX_CHILDREN)
+            os._exit(0)
+        os.setsid()  # and out of its process group (a ^C to a server in a terminal)
+        from sandbox.jsonlite import dumps
+
         try:
-            self.conn.sendall(b'{"started": true}')
+            self.conn.sendall(dumps({"started": True, "id": state.id}).encode())
             data = self.conn.recv(64)
         except OSError:
             data = b""

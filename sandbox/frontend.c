@@ -384,30 +384,50 @@ ssize_t recv_plan(int s, char *buf, int *fds, int *nfds) {
 
 #define RUNNING 256 /* server_code's {"started"}: a foreground run's container runs */
 
-/* The server's {"code"} for the verb, once it is done (s is closed here); 1 with a line
- * where it died first. A foreground run's server answers once the container has
- * started: {"started"}, RUNNING, s left open (wait_and_report). */
-static int server_code(int s, const char *verb) {
+static char started[512]; /* the {"started"} reply, for its id */
+
+/* The server's answer on s: its {"code"}, RUNNING for {"started"} (s left open), or -1 where
+ * it died first; s is closed but for RUNNING. */
+static int reply_code(int s) {
     char reply[512];
     ssize_t r;
     do r = recv(s, reply, sizeof reply - 1, 0); while (r < 0 && errno == EINTR);
     if (r > 0) {
         reply[r] = '\0';
-        if (field(reply, "started")) return RUNNING;
+        if (field(reply, "started")) {
+            memcpy(started, reply, (size_t)r + 1);
+            return RUNNING;
+        }
     }
     close(s);
-    if (r <= 0) {
+    if (r <= 0) return -1;
+    const char *v = field(reply, "code");
+    return v ? atoi(v) & 0xff : 1;
+}
+
+/* The server's {"code"} for the verb, once it is done (s is closed here); 1 with a line
+ * where it died first. A foreground run's server answers once the container has started:
+ * {"started"}, RUNNING, s left open (wait_and_report). */
+static int server_code(int s, const char *verb) {
+    int code = reply_code(s);
+    if (code < 0) {
         fprintf(stderr, "sandbox %s: the server died before it answered\n", verb);
         return 1;
     }
-    const char *v = field(reply, "code");
-    return v ? atoi(v) & 0xff : 1;
+    return code;
 }
 
 static volatile pid_t forward_to;
 
 static void forward(int sig) {
     if (forward_to > 0) kill(forward_to, sig);
+}
+
+/* Whether a run's command line (past its verb) asks for -d. */
+static int detached(char **argv, int verb_at) {
+    for (int i = verb_at + 1; argv[i]; i++)
+        if (!strcmp(argv[i], "-d") || !strcmp(argv[i], "--detach")) return 1;
+    return 0;
 }
 
 /* Signals that stop a foreground run or exec (SIGINT, SIGTERM, SIGHUP) passed on to ``pid``. */
@@ -420,27 +440,67 @@ static void forward_signals(pid_t pid) {
     sigaction(SIGHUP, &sa, NULL);
 }
 
+/* The container's id in the server's {"started": true, "id": "ID"}, into id (an id is
+ * letters, digits and _.+-: no escapes); 0 if there is none. */
+static int started_id(const char *reply, char *id, size_t n) {
+    const char *v = field(reply, "id");
+    if (v == NULL || *v++ != '"') return 0;
+    size_t len = strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.+-");
+    if (len == 0 || len >= n || v[len] != '"') return 0;
+    memcpy(id, v, len);
+    id[len] = '\0';
+    return 1;
+}
+
+static int host_mnt = -1, host_pid = -1; /* our mount and pid namespaces, before the container's */
+
+/* `sandbox [the run's global options] delete --force ID`, this program again (the server
+ * serves it, else its Python does): the container's removal where the server's process that
+ * would have done it is gone. We are in the container's namespaces (pivot_root took our root
+ * along; our children would be in its dead pid namespace): the child is forked into ours and
+ * goes back to our mount namespace first. */
+static void remove_container(char **argv, int verb_at, const char *id) {
+    char **args = calloc((size_t)verb_at + 4, sizeof *args);
+    if (args == NULL || host_pid < 0 || host_mnt < 0 || setns(host_pid, CLONE_NEWPID) < 0) {
+        fprintf(stderr, "sandbox run: cannot remove container %s: %s\n", id, strerror(errno));
+        free(args);
+        return;
+    }
+    for (int i = 0; i < verb_at; i++) args[i] = argv[i];
+    args[verb_at] = "delete", args[verb_at + 1] = "--force", args[verb_at + 2] = (char *)id;
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (setns(host_mnt, CLONE_NEWNS) == 0) execv("/proc/self/exe", args);
+        fprintf(stderr, "sandbox run: cannot remove container %s: %s\n", id, strerror(errno));
+        _exit(127);
+    }
+    free(args);
+    while (pid > 0 && waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+}
+
 /* A foreground run, served: its container's pid 1 is our child, and the server's child waits
  * for its end. We pass signals on, reap it, send "status N" (the wait status), and exit with
- * the code the server answers once it has run the poststop hooks and removed the container
- * (gone before, the server kills the container: as Python's run, whose supervisor died). */
-static int wait_and_report(int s, pid_t init) {
-    forward_signals(init);
+ * the code the server answers once it has run the poststop hooks and removed the container.
+ * (Gone before us, the server's child kills the container, as Python's run whose supervisor
+ * died; gone before the container ends, it leaves the removal to us.) */
+static int wait_and_report(int s, pid_t init, const char *id, char **argv, int verb_at) {
     int status;
     while (waitpid(init, &status, 0) < 0)
         if (errno != EINTR) {
-            status = SIGKILL; /* (not ours: cannot be, we forked it) */
+            status = SIGKILL; /* (not ours: cannot be, we forked it and SIGCHLD is not ignored) */
             break;
         }
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     char line[32];
     int n = snprintf(line, sizeof line, "status %d", status);
-    if (send(s, line, (size_t)n, 0) < 0) {
-        fprintf(stderr, "sandbox run: the server went away: %s\n", strerror(errno));
+    int answer = -1;
+    if (send(s, line, (size_t)n, MSG_NOSIGNAL) < 0)
         close(s);
-        return 1;
-    }
-    int code = server_code(s, "run");
-    return code == RUNNING ? 1 : code;
+    else
+        answer = reply_code(s);
+    if (answer >= 0 && answer != RUNNING) return answer;
+    remove_container(argv, verb_at, id);
+    return code;
 }
 
 int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds) {
@@ -526,7 +586,8 @@ static void init_process(int chan) {
  * process the engine started, which is in the container's cgroups already; then its child,
  * the container's pid 1, waits for its plan (init_process). The gofer gets "pid N" with the
  * channel to it, or "err CODE MESSAGE"; the server then answers with the exit code. */
-int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, const char *verb) {
+int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char **argv, int verb_at) {
+    const char *verb = argv[verb_at];
     static struct plan pl; /* (its tables are large; this process makes one) */
     if (parse(&pl, buf, n, fds, nfds) < 0 || !pl.clone) {
         fprintf(stderr, "sandbox %s: the server's plan is not one this launcher reads (rebuild both)\n", verb);
@@ -545,6 +606,10 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, const 
             snprintf(report, sizeof report, "err 1 process.oomScoreAdj %ld: %s\n", pl.oom, strerror(errno));
         if (fd >= 0) close(fd);
     }
+    if (!strcmp(verb, "run")) { /* (remove_container's way back) */
+        host_mnt = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+        host_pid = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC);
+    }
     if (!report[0] && join_namespaces(&pl, err, sizeof err) < 0)
         snprintf(report, sizeof report, "err 1 %s\n", err);
     if (!report[0] && unshare(pl.unshare) < 0)
@@ -559,6 +624,8 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, const 
     if (!report[0] && (init = fork()) < 0)
         snprintf(report, sizeof report, "err 1 fork: %s\n", strerror(errno));
     if (init == 0) { /* everything past the engine's --preserve-fds closed, not only flagged: it waits long */
+        if (host_mnt >= 0) close(host_mnt); /* (the host's namespaces: never the container's, in a gap of those) */
+        if (host_pid >= 0) close(host_pid);
         close_from(3 + (unsigned)pl.preserve, chan[1]);
         init_process(chan[1]);
     }
@@ -574,11 +641,15 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, const 
         c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
         memcpy(CMSG_DATA(c), &chan[0], sizeof(int));
     }
+    /* a foreground run's signals go to the container from now on (its poststart hooks run
+     * after it has exec'd; before, an init without a handler ignores them, as Python's run's) */
+    if (init > 0 && strcmp(verb, "run") == 0 && !detached(argv, verb_at)) forward_signals(init);
     ssize_t sent = sendmsg(s, &msg, 0);
     if (chan[0] >= 0) close(chan[0]);
     int code = sent >= 0 ? server_code(s, verb) : (close(s), 1);
-    if (code == RUNNING && init > 0) /* a run's: ours to wait for */
-        return wait_and_report(s, init);
+    char id[256];
+    if (code == RUNNING && init > 0 && started_id(started, id, sizeof id)) /* a run's: ours to wait for */
+        return wait_and_report(s, init, id, argv, verb_at);
     if (code != 0 && init > 0) { /* (it gives up on its own at the gofer's EOF; a zombie left to the engine would not) */
         kill(init, SIGKILL);
         while (waitpid(init, NULL, 0) < 0 && errno == EINTR) {}

@@ -20,7 +20,8 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds);
 
 /* The same for create's and run's "clone" records: the container's pid 1 made here, as the
  * launcher's child (the server's gofer builds its root and sends it its process). The exit
- * code: create's, or a foreground run's container's (this process waits for it). */
-int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, const char *verb);
+ * code: create's, or a foreground run's container's (this process waits for it). argv: the
+ * command line (NULL-terminated), its verb at argv[verb_at]. */
+int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char **argv, int verb_at);
 
 #endif

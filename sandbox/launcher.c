@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <limits.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -60,13 +61,13 @@ static int listed(const char *const *list, const char *s) {
     return 0;
 }
 
-/* The verb, past the global options (cli.verb_of), or NULL. */
-static const char *verb_of(int argc, char **argv) {
+/* Where the verb is, past the global options (cli.verb_of), or 0. */
+static int verb_at(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
-        if (argv[i][0] != '-') return argv[i];
+        if (argv[i][0] != '-') return i;
         if (listed(global_values, argv[i])) i++;
     }
-    return NULL;
+    return 0;
 }
 
 static int json_strings(struct buf *b, char **v, int n) {
@@ -163,7 +164,7 @@ static int served(int argc, char **argv) {
 
 /* exec, create or run, planned by the server and carried out here (frontend.c): its exit code,
  * or -1 where the server is of no use (nothing has happened yet: the verb runs in Python). */
-static int served_plan(int argc, char **argv, const char *verb) {
+static int served_plan(int argc, char **argv, int at) {
     int s = send_request(argc, argv);
     if (s < 0) return -1;
     char *buf = malloc(MAX_REQUEST + 1);
@@ -175,7 +176,7 @@ static int served_plan(int argc, char **argv, const char *verb) {
         return -1; /* never taken up, or a plan too big for us: the verb in Python */
     }
     if (strncmp(buf, "plan", 4) == 0) return frontend_exec(s, buf, (size_t)r, fds, nfds);
-    if (strncmp(buf, "clone", 5) == 0) return frontend_create(s, buf, (size_t)r, fds, nfds, verb);
+    if (strncmp(buf, "clone", 5) == 0) return frontend_create(s, buf, (size_t)r, fds, nfds, argv, at);
     for (int i = 0; i < nfds; i++) close(fds[i]);
     close(s); /* {"fallback"}, or {"code"}: the error already printed */
     int code = field(buf, "fallback") ? -1 : (field(buf, "code") ? atoi(field(buf, "code")) & 0xff : 1);
@@ -208,7 +209,9 @@ static int server_listens(void) {
 
 int main(int argc, char **argv)
 {
-    const char *verb = verb_of(argc, argv);
+    signal(SIGCHLD, SIG_DFL); /* (a caller's SIG_IGN would have waitpid fail: Python's too) */
+    int at = verb_at(argc, argv);
+    const char *verb = at ? argv[at] : NULL;
     if (verb && listed(served_verbs, verb)) {
         int code = served(argc, argv);
         if (code >= 0)
@@ -218,7 +221,7 @@ int main(int argc, char **argv)
         if (!sealed())
             seal(argv);
         if (sealed()) {
-            int code = served_plan(argc, argv, verb);
+            int code = served_plan(argc, argv, at);
             if (code >= 0)
                 return code;
         }

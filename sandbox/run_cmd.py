@@ -51,7 +51,12 @@ def main(args, gofer: Gofer | None = None) -> int:
     if opts.detached:
         from sandbox.start_cmd import release
 
-        release(sd, started.state)  # (and the poststart hooks)
+        try:
+            release(sd, started.state)  # (and the poststart hooks)
+        except SandboxError:
+            if not args.detach:  # (a served foreground run: its init gone before start)
+                _remove(sd, started.state)
+            raise
         if args.detach:
             return 0
     else:
@@ -68,18 +73,23 @@ def main(args, gofer: Gofer | None = None) -> int:
         status = wait_container(pid)
         spans.add("supervise", t)
     _warn_hooks(run_hooks, hooks.poststop if hooks else [], "poststop", state)
-    if started.state.systemd_unit:
-        from gofer.systemd import stop
-
-        stop(started.state.systemd_unit)
-    if started.state.cgroup_created:
-        from gofer.cgroups import remove_dirs
-
-        remove_dirs(started.state.cgroup_created)
-    sd.remove()
+    _remove(sd, started.state)
     if started.trace:
         _write_trace(started.trace, spans, started.spans)
     return exit_code(status)
+
+
+def _remove(sd, state) -> None:
+    """The container's systemd unit, the cgroups it made, its state."""
+    if state.systemd_unit:
+        from gofer.systemd import stop
+
+        stop(state.systemd_unit)
+    if state.cgroup_created:
+        from gofer.cgroups import remove_dirs
+
+        remove_dirs(state.cgroup_created)
+    sd.remove()
 
 
 SHORT_LIVED = 0.1  # seconds: a container done by then never pays the event loop's import

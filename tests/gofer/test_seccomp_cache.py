@@ -77,3 +77,18 @@ def test_a_full_cache_is_not_written(cache, monkeypatch):
     monkeypatch.setattr(seccomp, "MAX_CACHED", 0)
     assert seccomp.export(PROFILE) == _compiled(PROFILE)
     assert os.listdir(cache) == []
+
+
+def test_a_file_anyone_else_could_have_written_is_not_used(cache):
+    """Whole instructions, but readable by others, or with a second name: not of our writing."""
+    first = seccomp.export(PROFILE)
+    (key,) = os.listdir(cache)
+    other = msgspec.structs.replace(PROFILE, default_errno_ret=13)
+    planted = seccomp.compile_filter(other).ctx.export_bpf()
+    (cache / key).write_bytes(planted)
+    (cache / key).chmod(0o644)
+    assert seccomp.export(PROFILE) == first
+    (cache / key).chmod(0o600)
+    os.link(cache / key, cache.parent / "second-name")
+    (cache / key).write_bytes(planted)  # (through the link: both names)
+    assert seccomp.export(PROFILE) == first

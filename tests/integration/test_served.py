@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -716,3 +717,87 @@ def test_a_served_detached_run(server, make_bundle, tmp_path):
     finally:
         verb(path, "--root", root, "delete", "--force", "d")
     assert ": run: " in log.read_text() and not os.listdir(root)
+
+
+def _waiters(server_proc) -> list[int]:
+    """The processes that wait for served runs' containers: the server's forks, no longer its
+    children (each in a session of its own)."""
+    me = Path(f"/proc/{server_proc.pid}/cmdline").read_bytes()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(pid) != server_proc.pid and os.getsid(int(pid)) == int(pid) and \
+                    Path(f"/proc/{pid}/cmdline").read_bytes() == me:
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_a_served_runs_wait_outlives_the_server(server, make_bundle, tmp_path):
+    """The wait is a process of its own, in a session of its own, not one of the server's
+    MAX_CHILDREN: the server killed meanwhile, the run still ends with its container's code
+    and removes it."""
+    path, log, proc = server
+    root = tmp_path / "state"
+    bundle = make_bundle(["sh", "-c", "sleep 2; exit 7"])
+    run = subprocess.Popen([str(LAUNCHER), "--root", str(root), "run", "--id", "w", str(bundle)],
+                           stdin=subprocess.DEVNULL, env=dict(os.environ, SANDBOX_SERVER=str(path)))
+    deadline = time.monotonic() + 20
+    while not _waiters(proc):
+        assert time.monotonic() < deadline and run.poll() is None
+        time.sleep(0.02)
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert children == [] and len(_waiters(proc)) == 1
+    proc.kill()
+    proc.wait()
+    assert run.wait(timeout=30) == 7
+    assert not os.listdir(root) and not [d for d in Path("/sys/fs/cgroup").glob("**/w") if d.is_dir()]
+
+
+def test_a_run_whose_waiter_died_removes_its_container(server, make_bundle, tmp_path):
+    """The waiting process killed: at its container's end the launcher removes it itself
+    (`delete --force`, from outside the container's namespaces), and exits with its code."""
+    path, log, proc = server
+    root = tmp_path / "state"
+    bundle = make_bundle(["sh", "-c", "sleep 2; exit 7"])
+    run = subprocess.Popen([str(LAUNCHER), "--root", str(root), "run", "--id", "d", str(bundle)],
+                           stdin=subprocess.DEVNULL, env=dict(os.environ, SANDBOX_SERVER=str(path)))
+    deadline = time.monotonic() + 20
+    while not _waiters(proc):
+        assert time.monotonic() < deadline and run.poll() is None
+        time.sleep(0.02)
+    os.kill(_waiters(proc)[0], signal.SIGKILL)
+    assert run.wait(timeout=30) == 7
+    assert not os.listdir(root) and not [d for d in Path("/sys/fs/cgroup").glob("**/d") if d.is_dir()]
+    assert ": delete: " in log.read_text()
+
+
+def test_signals_reach_a_served_run_while_it_starts(server, make_bundle, tmp_path):
+    """A SIGTERM while the poststart hooks run (the container has exec'd) reaches the
+    container, as in Python's run; and a caller that ignores SIGCHLD still gets the code."""
+    path, log, _ = server
+    hooks = {"poststart": [{"path": "/bin/sleep", "args": ["sleep", "2"]}]}
+    bundle = make_bundle(["sh", "-c", "trap 'exit 7' TERM; sleep 10 & wait"], hooks=hooks)
+    for cid, server_path in (("s-py", ""), ("s-warm", path)):
+        code, _, _ = _run(server_path, tmp_path / "state", bundle, cid, signal_after=(1.0, signal.SIGTERM))
+        assert code == 7, cid
+    ignoring = subprocess.run(
+        [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGCHLD, signal.SIG_IGN); "
+         "os.execv(sys.argv[1], sys.argv[1:])", str(LAUNCHER), "--root", str(tmp_path / "state"), "run", "--id",
+         "i", str(make_bundle(["sh", "-c", "exit 42"]))],
+        stdin=subprocess.DEVNULL, env=dict(os.environ, SANDBOX_SERVER=str(path)), timeout=60)
+    assert ignoring.returncode == 42
+    assert not os.listdir(tmp_path / "state")
+    assert sum(": run: " in line for line in served_lines(log)) == 2, log.read_text()
+
+
+def test_a_server_empties_its_filter_cache_as_it_starts(tmp_path):
+    """What another server compiled (older code, another libseccomp) is never read back."""
+    import engines
+
+    with engines.WarmServer(tmp_path) as warm:
+        stale = warm.path.parent / "bpf" / "stale"
+        stale.write_bytes(b"\0" * 8)
+    with engines.WarmServer(tmp_path) as warm:
+        assert warm.path.parent.joinpath("bpf").is_dir() and not stale.exists()
