@@ -4,6 +4,8 @@
 The event loop (anyio on trio, ~100 ms to import) supervises a running container, forwarding
 signals. It is imported only once the container has started and is still running after
 SHORT_LIVED seconds: a failed start, or a container that is done by then, never pays for it.
+Served by the warm server (sandbox/create_frontend.py), the launcher is pid 1's parent and
+waits for it; this code, in the server's process, starts the container and removes it.
 """
 
 from __future__ import annotations
