@@ -186,15 +186,47 @@ def start_scope(unit: str, slice_: str, pid: int, properties: list[tuple[str, tu
         bus.close()
 
 
-def set_properties(unit: str, properties: list[tuple[str, tuple[str, object]]]) -> None:
-    """SetUnitProperties at runtime (update, the GPU nodes' DeviceAllow)."""
+def set_properties(unit: str, properties: list[tuple[str, tuple[str, object]]], frozen: list[str] | None = None) -> None:
+    """SetUnitProperties at runtime (update, the GPU nodes' DeviceAllow). ``frozen``: the
+    running container's cgroup directories, whose v1 freezer holds it meanwhile: systemd
+    re-applies the unit's devices to a v1 devices controller on any property change, denying
+    everything first, and the container's opens of /dev/null failed (EPERM) in between
+    (runc's systemd driver freezes so too)."""
     if not properties:
         return
+    freezer = next((d for d in frozen or () if os.path.exists(os.path.join(d, "freezer.state"))), "")
+    thaw = bool(freezer) and _freeze(freezer)
     bus = Bus()
     try:
         bus.call("SetUnitProperties", "sba(sv)", unit, True, properties, what=unit)
     finally:
         bus.close()
+        if thaw:
+            with open(os.path.join(freezer, "freezer.state"), "w") as f:
+                f.write("THAWED")
+
+
+FREEZE_WAIT = 1.0  # s for a container to freeze; past it the update goes on unfrozen (thawed first)
+
+
+def _freeze(directory: str) -> bool:
+    """Freeze the v1 cgroup at ``directory``: whether we did (False: frozen already by
+    someone else, or it would not freeze in time, and is thawed again)."""
+    path = os.path.join(directory, "freezer.state")
+    with open(path) as f:
+        if f.read().strip() == "FROZEN":
+            return False
+    with open(path, "w") as f:
+        f.write("FROZEN")
+    deadline = time.monotonic() + FREEZE_WAIT
+    while time.monotonic() < deadline:
+        with open(path) as f:
+            if f.read().strip() == "FROZEN":
+                return True
+        time.sleep(0.001)
+    with open(path, "w") as f:
+        f.write("THAWED")
+    return False
 
 
 def stop(unit: str) -> None:

@@ -50,7 +50,8 @@ def main(args) -> int:
     if state.systemd_unit:  # the unit's properties first, as runc's systemd driver
         from gofer import cgroups, systemd
 
-        systemd.set_properties(state.systemd_unit, systemd.resource_properties(r, cgroups.unified()))
+        systemd.set_properties(state.systemd_unit, systemd.resource_properties(r, cgroups.unified()),
+                               frozen=state.cgroup if state.status == "running" else [])
     update(state.cgroup, r)
     return 0
 

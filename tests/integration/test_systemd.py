@@ -98,6 +98,27 @@ def test_a_gpu_containers_unit_allows_its_nodes_from_the_start(make_bundle, driv
         r.stdout
 
 
+def test_an_update_never_denies_the_running_container_its_devices(make_bundle, tmp_path):
+    """systemd re-applies a unit's devices to a v1 devices controller on any property change,
+    denying everything first: the container, looping on /dev/null meanwhile, got EPERM from 3
+    of 6 updates until update froze it around SetUnitProperties (as runc does)."""
+    loop = ("end=$(( $(date +%s) + 4 )); while [ $(date +%s) -lt $end ]; do echo -n > /dev/null || echo DENIED; "
+            "done; echo done")
+    bundle = _bundle(make_bundle, ["sh", "-c", loop], path="system.slice:demo:u1")
+    sb = f"{PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s"
+    out = tmp_path / "out"
+    r = under_systemd(f"""
+        {sb} run -d -b {bundle} u1 </dev/null >{out} 2>&1
+        sleep 0.3
+        for i in 1 2 3 4 5 6 7 8; do {sb} update --memory $((80 + i))m u1; done
+        for i in $(seq 1 40); do {sb} state u1 | grep -q stopped && break; sleep 0.2; done
+        {sb} delete --force u1
+    """)
+    assert r.returncode == 0, r.stderr
+    lines = out.read_text().split()
+    assert lines[-1:] == ["done"] and "DENIED" not in lines, out.read_text()
+
+
 def test_the_hook_inside_runcs_systemd_driver(make_bundle, driver_root, tmp_path):
     from tests.integration.test_hook import SCRIPT, check_gpu_output, install
 
