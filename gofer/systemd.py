@@ -196,14 +196,23 @@ def set_properties(unit: str, properties: list[tuple[str, tuple[str, object]]], 
         return
     freezer = next((d for d in frozen or () if os.path.exists(os.path.join(d, "freezer.state"))), "")
     thaw = bool(freezer) and _freeze(freezer)
-    bus = Bus()
     try:
-        bus.call("SetUnitProperties", "sba(sv)", unit, True, properties, what=unit)
+        bus = Bus()
+        try:
+            bus.call("SetUnitProperties", "sba(sv)", unit, True, properties, what=unit)
+        finally:
+            bus.close()
     finally:
-        bus.close()
         if thaw:
-            with open(os.path.join(freezer, "freezer.state"), "w") as f:
-                f.write("THAWED")
+            _thaw(freezer)
+
+
+def _thaw(directory: str) -> None:
+    try:
+        with open(os.path.join(directory, "freezer.state"), "w") as f:
+            f.write("THAWED")
+    except OSError:
+        pass  # (the container's cgroup gone meanwhile: nothing left to thaw)
 
 
 FREEZE_WAIT = 1.0  # s for a container to freeze; past it the update goes on unfrozen (thawed first)
@@ -224,8 +233,7 @@ def _freeze(directory: str) -> bool:
             if f.read().strip() == "FROZEN":
                 return True
         time.sleep(0.001)
-    with open(path, "w") as f:
-        f.write("THAWED")
+    _thaw(directory)
     return False
 
 

@@ -452,25 +452,62 @@ static int started_id(const char *reply, char *id, size_t n) {
     return 1;
 }
 
-static int host_mnt = -1, host_pid = -1; /* our mount and pid namespaces, before the container's */
+/* Where we were before the container's namespaces (remove_container's way back): our
+ * namespaces (the mount namespace last: the others are named through /proc), our cwd (a
+ * relative --root is the caller's), our oom_score_adj (the container's is ours now). */
+static const struct { const char *name; int flag; } host_ns[] = {
+    {"pid", CLONE_NEWPID}, {"net", CLONE_NEWNET}, {"ipc", CLONE_NEWIPC}, {"uts", CLONE_NEWUTS},
+    {"cgroup", CLONE_NEWCGROUP}, {"mnt", CLONE_NEWNS}};
+#define N_HOST (int)(sizeof host_ns / sizeof host_ns[0])
+static int host_fds[N_HOST + 1] = {-1, -1, -1, -1, -1, -1, -1}; /* and the cwd, last */
+static char host_oom[16];
 
-/* `sandbox [the run's global options] delete --force ID`, this program again (the server
- * serves it, else its Python does): the container's removal where the server's process that
- * would have done it is gone. We are in the container's namespaces (pivot_root took our root
- * along; our children would be in its dead pid namespace): the child is forked into ours and
- * goes back to our mount namespace first. */
+static void keep_host(void) {
+    char path[64];
+    for (int i = 0; i < N_HOST; i++) {
+        snprintf(path, sizeof path, "/proc/self/ns/%s", host_ns[i].name);
+        host_fds[i] = open(path, O_RDONLY | O_CLOEXEC);
+    }
+    host_fds[N_HOST] = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    int fd = open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC);
+    ssize_t r = fd >= 0 ? read(fd, host_oom, sizeof host_oom - 1) : -1;
+    host_oom[r > 0 ? r : 0] = '\0';
+    if (fd >= 0) close(fd);
+}
+
+static void close_host(void) {
+    for (int i = 0; i <= N_HOST; i++)
+        if (host_fds[i] >= 0) close(host_fds[i]), host_fds[i] = -1;
+}
+
+/* `sandbox [the run's global options] delete ID`, this program again (the server serves
+ * it, else its Python does): the container's removal where the server's process that would
+ * have done it is gone. We are in the container's namespaces (pivot_root took our root
+ * along; our children would be in its dead pid namespace): the child is forked into our pid
+ * namespace, goes back into the others, our cwd and oom_score_adj, and execs. Not --force:
+ * a container of the same id made since (by an engine that deleted ours) is running, and
+ * is refused, not killed. */
 static void remove_container(char **argv, int verb_at, const char *id) {
-    char **args = calloc((size_t)verb_at + 4, sizeof *args);
-    if (args == NULL || host_pid < 0 || host_mnt < 0 || setns(host_pid, CLONE_NEWPID) < 0) {
+    char **args = calloc((size_t)verb_at + 3, sizeof *args);
+    if (args == NULL || host_fds[0] < 0 || setns(host_fds[0], CLONE_NEWPID) < 0) {
         fprintf(stderr, "sandbox run: cannot remove container %s: %s\n", id, strerror(errno));
         free(args);
         return;
     }
     for (int i = 0; i < verb_at; i++) args[i] = argv[i];
-    args[verb_at] = "delete", args[verb_at + 1] = "--force", args[verb_at + 2] = (char *)id;
+    args[verb_at] = "delete", args[verb_at + 1] = (char *)id;
     pid_t pid = fork();
     if (pid == 0) {
-        if (setns(host_mnt, CLONE_NEWNS) == 0) execv("/proc/self/exe", args);
+        for (int i = 1; i < N_HOST; i++)
+            if (host_fds[i] < 0 || setns(host_fds[i], host_ns[i].flag) < 0) {
+                fprintf(stderr, "sandbox run: cannot remove container %s: setns %s: %s\n", id, host_ns[i].name,
+                        strerror(errno));
+                _exit(127);
+            }
+        int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+        if (fd >= 0 && host_oom[0]) (void)!write(fd, host_oom, strlen(host_oom));
+        if (fd >= 0) close(fd);
+        if (host_fds[N_HOST] >= 0 && fchdir(host_fds[N_HOST]) == 0) execv("/proc/self/exe", args);
         fprintf(stderr, "sandbox run: cannot remove container %s: %s\n", id, strerror(errno));
         _exit(127);
     }
@@ -490,6 +527,7 @@ static int wait_and_report(int s, pid_t init, const char *id, char **argv, int v
             status = SIGKILL; /* (not ours: cannot be, we forked it and SIGCHLD is not ignored) */
             break;
         }
+    forward_to = 0; /* (reaped: its pid may be another's now) */
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     char line[32];
     int n = snprintf(line, sizeof line, "status %d", status);
@@ -499,7 +537,7 @@ static int wait_and_report(int s, pid_t init, const char *id, char **argv, int v
     else
         answer = reply_code(s);
     if (answer >= 0 && answer != RUNNING) return answer;
-    remove_container(argv, verb_at, id);
+    if (id[0]) remove_container(argv, verb_at, id);
     return code;
 }
 
@@ -559,6 +597,7 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds) {
     int status;
     while (waitpid(g, &status, 0) < 0)
         if (errno != EINTR) return 1;
+    forward_to = 0;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
@@ -600,15 +639,12 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char *
     char err[512];
     if (cloexec_from(3 + (unsigned)pl.preserve) < 0)
         snprintf(report, sizeof report, "err 1 cannot close our fds at exec: %s\n", strerror(errno));
+    if (!strcmp(verb, "run")) keep_host(); /* (before the oom_score_adj and the namespaces) */
     if (pl.oom_set && !report[0]) {
         int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
         if (fd < 0 || dprintf(fd, "%ld", pl.oom) < 0)
             snprintf(report, sizeof report, "err 1 process.oomScoreAdj %ld: %s\n", pl.oom, strerror(errno));
         if (fd >= 0) close(fd);
-    }
-    if (!strcmp(verb, "run")) { /* (remove_container's way back) */
-        host_mnt = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
-        host_pid = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC);
     }
     if (!report[0] && join_namespaces(&pl, err, sizeof err) < 0)
         snprintf(report, sizeof report, "err 1 %s\n", err);
@@ -624,8 +660,7 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char *
     if (!report[0] && (init = fork()) < 0)
         snprintf(report, sizeof report, "err 1 fork: %s\n", strerror(errno));
     if (init == 0) { /* everything past the engine's --preserve-fds closed, not only flagged: it waits long */
-        if (host_mnt >= 0) close(host_mnt); /* (the host's namespaces: never the container's, in a gap of those) */
-        if (host_pid >= 0) close(host_pid);
+        close_host(); /* (the host's namespaces and cwd: never the container's, in a gap of those) */
         close_from(3 + (unsigned)pl.preserve, chan[1]);
         init_process(chan[1]);
     }
@@ -647,9 +682,11 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char *
     ssize_t sent = sendmsg(s, &msg, 0);
     if (chan[0] >= 0) close(chan[0]);
     int code = sent >= 0 ? server_code(s, verb) : (close(s), 1);
-    char id[256];
-    if (code == RUNNING && init > 0 && started_id(started, id, sizeof id)) /* a run's: ours to wait for */
+    char id[256] = "";
+    if (code == RUNNING && init > 0) { /* a run's: ours to wait for */
+        if (!started_id(started, id, sizeof id)) id[0] = '\0';
         return wait_and_report(s, init, id, argv, verb_at);
+    }
     if (code != 0 && init > 0) { /* (it gives up on its own at the gofer's EOF; a zombie left to the engine would not) */
         kill(init, SIGKILL);
         while (waitpid(init, NULL, 0) < 0 && errno == EINTR) {}

@@ -221,18 +221,28 @@ def _root_only_dir(directory: str, what: str, why: str) -> None:
 
 def _filter_cache(path: str) -> None:
     """Exported seccomp filters kept beside the socket (gofer/seccomp.py's CACHE), for the
-    creates and execs our children serve; without it each compiles its filter. Emptied
-    first: what another server compiled (older code, an older libseccomp) is not ours."""
+    creates and execs our children serve; without it each compiles its filter. Each server
+    has a directory of its own there, and removes the others' as it starts: what another
+    server compiled (older code, an older libseccomp) is not ours, even from a child of
+    its still at work."""
+    import shutil
+
     from gofer import seccomp
     from mounts.errors import SandboxError
 
-    directory = os.path.join(os.path.dirname(path), "bpf")
+    top = os.path.join(os.path.dirname(path), "bpf")
     why = "a filter planted there would be a container's"
     try:
         _root_only_dir(os.path.dirname(path), "seccomp filter cache", why)  # (a socket unit's: not checked yet)
-        _root_only_dir(directory, "seccomp filter cache", why)
-        for name in os.listdir(directory):
-            os.unlink(os.path.join(directory, name))
+        _root_only_dir(top, "seccomp filter cache", why)
+        for name in os.listdir(top):
+            old = os.path.join(top, name)
+            if os.path.isdir(old) and not os.path.islink(old):
+                shutil.rmtree(old)
+            else:
+                os.unlink(old)
+        directory = os.path.join(top, str(os.getpid()))
+        os.mkdir(directory, 0o700)
     except (OSError, SandboxError) as e:
         print(f"sandbox hook serve: no seccomp filter cache: {e}", file=sys.stderr, flush=True)
         return

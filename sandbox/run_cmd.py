@@ -55,7 +55,7 @@ def main(args, gofer: Gofer | None = None) -> int:
 
         try:
             release(sd, started.state)  # (and the poststart hooks)
-        except SandboxError:
+        except (SandboxError, OSError):
             if not args.detach:  # (a served foreground run: its init gone before start)
                 _remove(sd, started.state)
             raise

@@ -445,7 +445,7 @@ def test_create_by_the_front_end_is_pythons(server, make_bundle, driver_root, tm
     assert sum(": create: " in line for line in served_lines(log)) == 5, log.read_text()
     assert "declined" not in log.read_text()
     assert not os.listdir(root)
-    assert len(os.listdir(path.parent / "bpf")) == 1  # two bundles, one profile: the second read it back
+    assert len(list((path.parent / "bpf").glob("*/*"))) == 1  # two bundles, one profile: the second read it back
 
 
 def _in_child_pid_namespaces() -> list[tuple[int, str]]:
@@ -757,11 +757,19 @@ def test_a_served_runs_wait_outlives_the_server(server, make_bundle, tmp_path):
 
 def test_a_run_whose_waiter_died_removes_its_container(server, make_bundle, tmp_path):
     """The waiting process killed: at its container's end the launcher removes it itself
-    (`delete --force`, from outside the container's namespaces), and exits with its code."""
+    (`delete`, back in our namespaces, cwd and oom_score_adj: a relative --root is the
+    caller's, the poststop hook runs in the host's network namespace, the server serves a
+    caller in its own cgroup namespace), and exits with its code."""
     path, log, proc = server
     root = tmp_path / "state"
-    bundle = make_bundle(["sh", "-c", "sleep 2; exit 7"])
-    run = subprocess.Popen([str(LAUNCHER), "--root", str(root), "run", "--id", "d", str(bundle)],
+    seen = tmp_path / "poststop"
+    spec = json.loads((make_bundle(["true"]) / "config.json").read_text())
+    linux = dict(spec["linux"], namespaces=spec["linux"]["namespaces"] + [{"type": "cgroup"}])
+    hook = {"path": "/bin/sh", "args": ["sh", "-c", f"readlink /proc/self/ns/net /proc/self/ns/cgroup > {seen}; "
+                                                    f"cat /proc/self/oom_score_adj >> {seen}"]}
+    bundle = make_bundle(["sh", "-c", "sleep 2; exit 7"], hooks={"poststop": [hook]}, linux=linux,
+                         process=dict(spec["process"], args=["sh", "-c", "sleep 2; exit 7"], oomScoreAdj=900))
+    run = subprocess.Popen([str(LAUNCHER), "--root", "state", "run", "--id", "d", str(bundle)], cwd=tmp_path,
                            stdin=subprocess.DEVNULL, env=dict(os.environ, SANDBOX_SERVER=str(path)))
     deadline = time.monotonic() + 20
     while not _waiters(proc):
@@ -770,7 +778,9 @@ def test_a_run_whose_waiter_died_removes_its_container(server, make_bundle, tmp_
     os.kill(_waiters(proc)[0], signal.SIGKILL)
     assert run.wait(timeout=30) == 7
     assert not os.listdir(root) and not [d for d in Path("/sys/fs/cgroup").glob("**/d") if d.is_dir()]
-    assert ": delete: " in log.read_text()
+    assert ": delete: " in log.read_text() and "declined" not in log.read_text()
+    mine = [os.readlink(f"/proc/self/ns/{n}") for n in ("net", "cgroup")] + [Path("/proc/self/oom_score_adj").read_text()]
+    assert seen.read_text().split() == [m.strip() for m in mine]
 
 
 def test_signals_reach_a_served_run_while_it_starts(server, make_bundle, tmp_path):
@@ -797,7 +807,8 @@ def test_a_server_empties_its_filter_cache_as_it_starts(tmp_path):
     import engines
 
     with engines.WarmServer(tmp_path) as warm:
-        stale = warm.path.parent / "bpf" / "stale"
-        stale.write_bytes(b"\0" * 8)
+        first = warm.proc.pid
+        (warm.path.parent / "bpf" / str(first) / "stale").write_bytes(b"\0" * 8)
+        (warm.path.parent / "bpf" / "stray").write_bytes(b"\0" * 8)
     with engines.WarmServer(tmp_path) as warm:
-        assert warm.path.parent.joinpath("bpf").is_dir() and not stale.exists()
+        assert os.listdir(warm.path.parent / "bpf") == [str(warm.proc.pid)] != [str(first)]
