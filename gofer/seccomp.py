@@ -78,7 +78,7 @@ def export(spec: Seccomp) -> bytes:
     it itself (sandbox/frontend.c). With CACHE set, a filter exported before is read back: an
     engine gives every container one default profile, and its compiling was ~7 ms of each
     served create and exec here, 30 under load. The key is the profile as encoded and
-    libseccomp's identity (the server empties the cache as it starts: it keeps the code it
+    libseccomp's identity (each server has a directory of its own: it keeps the code it
     loaded); a file that is not root's alone, one name, whole instructions is not used."""
     if CACHE is None:
         return compile_filter(spec).ctx.export_bpf()
