@@ -208,10 +208,11 @@ def set_properties(unit: str, properties: list[tuple[str, tuple[str, object]]], 
 
 
 def _thaw(directory: str) -> None:
+    from gofer.cgroups.common import write_file
+
     try:
-        with open(os.path.join(directory, "freezer.state"), "w") as f:
-            f.write("THAWED")
-    except OSError:
+        write_file(directory, "freezer.state", "THAWED")
+    except SandboxError:
         pass  # (the container's cgroup gone meanwhile: nothing left to thaw)
 
 
@@ -221,17 +222,16 @@ FREEZE_WAIT = 1.0  # s for a container to freeze; past it the update goes on unf
 def _freeze(directory: str) -> bool:
     """Freeze the v1 cgroup at ``directory``: whether we did (False: frozen already by
     someone else, or it would not freeze in time, and is thawed again)."""
+    from gofer.cgroups.common import read, write_file
+
     path = os.path.join(directory, "freezer.state")
-    with open(path) as f:
-        if f.read().strip() == "FROZEN":
-            return False
-    with open(path, "w") as f:
-        f.write("FROZEN")
+    if read(path) == "FROZEN":
+        return False
+    write_file(directory, "freezer.state", "FROZEN")
     deadline = time.monotonic() + FREEZE_WAIT
     while time.monotonic() < deadline:
-        with open(path) as f:
-            if f.read().strip() == "FROZEN":
-                return True
+        if read(path) == "FROZEN":
+            return True
         time.sleep(0.001)
     _thaw(directory)
     return False
@@ -359,7 +359,6 @@ class SystemdCgroup:
         self.resources = self.devices = None
         self.fs: cgroups.CgroupV1 | cgroups.CgroupV2 | None = None
         self.gpu_nodes: list[tuple[int, int]] = []
-        self.announced = 0  # how many of them the unit has in its DeviceAllow
 
     def missing(self) -> list[str]:
         return []
@@ -377,11 +376,8 @@ class SystemdCgroup:
         from gofer import cgroups
 
         rules = cgroups.device_rules(self.resources, self.devices)
-        properties = resource_properties(self.resources, self.v2) + device_properties(rules)
-        if self.gpu_nodes:  # allowed before the unit starts: in it from the first (see seal)
-            properties.append(self._gpu_allow())
-        self.announced = len(self.gpu_nodes)
-        group = start_scope(self.unit, self.slice, pid, properties)
+        group = start_scope(self.unit, self.slice, pid,
+                            resource_properties(self.resources, self.v2) + device_properties(rules))
         try:
             if self.v2:
                 self.dirs = {"unified": os.path.join(cgroups.ROOT, group.lstrip("/"))}
@@ -396,8 +392,6 @@ class SystemdCgroup:
                 self.created = self.fs.created
                 self.fs.add(pid)
             self.fs.apply(self.resources, self.devices)  # the files systemd has no property for
-            for major, minor in self.gpu_nodes:
-                self.fs.allow(major, minor)
         except BaseException:
             self.remove()
             raise
@@ -408,17 +402,15 @@ class SystemdCgroup:
             self.fs.allow(major, minor)
 
     def seal(self) -> None:
-        """The GPU nodes allowed since the unit started into its DeviceAllow too (systemd's own
-        device program or its rewrite of the v1 rules must allow them), then our program (v2).
-        Such a rewrite denies everything first, while the root is being built: a launch
-        that knows its GPU nodes allows them before add(), and nothing is set here."""
-        if len(self.gpu_nodes) > self.announced:
-            set_properties(self.unit, [self._gpu_allow(self.announced)])
+        """The GPU nodes into the unit's DeviceAllow too (systemd's own device program or its
+        rewrite of the v1 rules must allow them), the container frozen meanwhile (the gofer
+        makes /dev while systemd rewrites: see set_properties), then our program (v2)."""
+        if self.gpu_nodes:
+            set_properties(self.unit, [("DeviceAllow", ("a(ss)", [(f"/dev/char/{a}:{b}", "rw")
+                                                                  for a, b in self.gpu_nodes]))],
+                           frozen=list(self.dirs.values()))
         if self.fs is not None:
             self.fs.seal()
-
-    def _gpu_allow(self, start: int = 0):
-        return ("DeviceAllow", ("a(ss)", [(f"/dev/char/{a}:{b}", "rw") for a, b in self.gpu_nodes[start:]]))
 
     def remove(self) -> None:
         from gofer import cgroups

@@ -459,6 +459,7 @@ def _preload() -> None:
         exec_frontend,
         features_cmd,
         launch,
+        run_cmd,
         start_cmd,
         state_cmd,
         update_cmd,

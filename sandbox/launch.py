@@ -136,17 +136,8 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
                     raise BundleError(f"--console-socket {opts.console_socket}: only for a detached container "
                                       f"with a terminal ({bundle.path}/config.json: process.terminal is "
                                       f"{str(spec.process.terminal).lower()})")
-            planned = None
-            if request is not None and opts.systemd_cgroup:
-                # systemd rewrites a v1 devices controller from the unit's DeviceAllow, denying
-                # everything first: set for the GPU nodes once the root is being built, that
-                # denied /dev/null to the gofer's mknod. Planned first, they are in the unit
-                # from its start.
-                with spans.span("plan"):
-                    planned = list(_plan(request, bundle, opts, spans))
             with spans.span("cgroup"):
-                cgroup = _cgroup(spec, opts, launcher.pid if launcher else gofer.pid, sd,
-                                 launcher.fd if launcher else None, planned)
+                cgroup = _cgroup(spec, opts, gofer.pid, sd, launcher)
                 gofer.warm[0] = False
                 if not devices_enforced(cgroup.dirs.values() if cgroup else ()):
                     # fail closed: without device rules a node in the image (or one made
@@ -162,10 +153,7 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
                 console_socket=opts.console_socket, detached=opts.detached, preserve_fds=opts.preserve_fds,
                 hooks_pause=pause, cgroup_created=cgroup.created if cgroup is not None else [],
                 state_dir=sd.dir if opts.foreground else None, launcher_fd=launcher.fd if launcher else None))
-            if planned is not None:
-                for action in planned:
-                    protocol.send(sock, action)
-            elif request is not None:
+            if request is not None:
                 _stream_plan(sock, request, bundle, opts, spans, cgroup)
             if cgroup is not None:
                 with spans.span("device rules"):
@@ -299,10 +287,10 @@ def _own_pid_ns(spec) -> bool:
     return any(ns.type == "pid" and not ns.path for ns in spec.linux.namespaces)
 
 
-def _cgroup(spec, opts: Options, gofer: int, sd, launcher_fd: int | None = None, planned=None):
-    """The container's cgroup, limits and device rules applied (the GPU nodes of ``planned``,
-    the plan's actions, too), with ``gofer`` in it before it forks the init (which inherits
-    it): a served create's launcher, whose connection is ``launcher_fd``. None on a host without any cgroup hierarchy.
+def _cgroup(spec, opts: Options, gofer: int, sd, launcher: Launcher | None = None):
+    """The container's cgroup, limits and device rules applied, with the process that forks
+    the init (which inherits it) in it: the gofer, or a served create's ``launcher``. None on
+    a host without any cgroup hierarchy.
     The directories it will make are in the state first: a create killed at any point is
     then deleted whole by `delete --force`."""
     from gofer.cgroups import container_cgroup
@@ -343,22 +331,19 @@ def _cgroup(spec, opts: Options, gofer: int, sd, launcher_fd: int | None = None,
     try:
         cgroup.create()
         cgroup.apply(spec.linux.resources, spec.linux.devices)
-        from mounts.actions import Device
-
-        for action in planned or ():
-            if isinstance(action, Device):
-                cgroup.allow(action.major, action.minor)
-        if launcher_fd is not None and _hung_up(launcher_fd):  # its pid (SO_PEERCRED) may be another's now
+        if launcher is not None and _hung_up(launcher.fd):  # its pid (SO_PEERCRED) may be another's now
             raise SandboxError("the launcher exited before the container's cgroup was made")
-        cgroup.add(gofer)
+        cgroup.add(launcher.pid if launcher is not None else gofer)
     except BaseException:
         cgroup.remove()
         raise
     return cgroup
 
 
-def _plan(request, bundle, opts: Options, spans):
-    """Discover the driver: the plan's actions, each computed as it is taken."""
+def _stream_plan(sock, request, bundle, opts: Options, spans, cgroup=None) -> None:
+    """Discover the driver and send each action of the plan the moment it is known."""
+    from gofer import protocol
+    from mounts.actions import Device
     from mounts.driver import discover
     from mounts.layout import layout_of
     from mounts.plan import iter_plan
@@ -366,18 +351,9 @@ def _plan(request, bundle, opts: Options, spans):
     with spans.span("discovery"):
         inventory = discover(opts.driver_root, opts.dev_root)
         layout = layout_of(bundle.rootfs)
-    return iter_plan(request, inventory, layout)
-
-
-def _stream_plan(sock, request, bundle, opts: Options, spans, cgroup=None) -> None:
-    """Send each action of the plan the moment it is known."""
-    from gofer import protocol
-    from mounts.actions import Device
-
-    actions = _plan(request, bundle, opts, spans)
     t = time.monotonic_ns()
     n = 0
-    for action in actions:
+    for action in iter_plan(request, inventory, layout):
         if cgroup is not None and isinstance(action, Device):
             cgroup.allow(action.major, action.minor)  # before the gofer binds it
         protocol.send(sock, action)

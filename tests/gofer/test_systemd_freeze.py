@@ -1,6 +1,7 @@
-"""`update` under the systemd driver freezes a running container's v1 cgroup around
-SetUnitProperties (gofer/systemd.py set_properties): thawed whatever happens, and a cgroup
-frozen by someone else is left frozen."""
+"""Under the systemd driver a container's v1 cgroup is frozen around SetUnitProperties
+(gofer/systemd.py set_properties): by `update`, and by create's seal() that adds the GPU
+nodes while the gofer makes /dev (systemd's rewrite of the devices denied it /dev/null);
+thawed whatever happens, and a cgroup frozen by someone else is left frozen."""
 
 from __future__ import annotations
 
@@ -69,3 +70,13 @@ def test_a_cgroup_frozen_by_someone_else_stays_frozen(cgroup, monkeypatch):
     monkeypatch.setattr(systemd, "Bus", lambda: Recording(cgroup))
     systemd.set_properties("x.scope", [("TasksMax", ("t", 10))], frozen=[cgroup])
     assert _state(cgroup) == "FROZEN"
+
+
+def test_create_adds_the_gpu_nodes_frozen(cgroup, monkeypatch):
+    unit = systemd.SystemdCgroup("system.slice:demo:x", "x")
+    unit.dirs = {"freezer": cgroup}
+    unit.allow(195, 0)
+    monkeypatch.setattr(systemd, "Bus", lambda: Recording(cgroup))
+    Recording.seen = []
+    unit.seal()
+    assert Recording.seen == ["FROZEN"] and _state(cgroup) == "THAWED"

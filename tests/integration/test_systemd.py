@@ -81,23 +81,6 @@ def test_a_gpu_container_under_the_systemd_driver(make_bundle, driver_root, tmp_
     assert r.stdout.split() == ["No", "such", "device", "or", "address", "mem-denied", "LoadState=not-found"], r.stdout
 
 
-def test_a_gpu_containers_unit_allows_its_nodes_from_the_start(make_bundle, driver_root, tmp_path):
-    """The GPU nodes are in the scope's DeviceAllow as it starts, never set on it later: a
-    SetUnitProperties has systemd rewrite a v1 devices controller, denying all first, and the
-    gofer's mknod of /dev/null failed (EPERM) when that came while it built the root."""
-    bundle = _bundle(make_bundle, ["sleep", "300"], ["NVIDIA_VISIBLE_DEVICES=0"], path="system.slice:demo:g2")
-    sb = f"{PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s --driver-root {driver_root}"
-    r = under_systemd(f"""
-        {sb} run -d -b {bundle} g2 </dev/null >/dev/null 2>&1
-        grep -h DeviceAllow=/dev/char/195 /run/systemd/transient/demo-g2.scope
-        ls /run/systemd/system.control/demo-g2.scope.d 2>/dev/null | wc -l
-        {sb} delete --force g2
-    """)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["DeviceAllow=/dev/char/195:0", "rw", "DeviceAllow=/dev/char/195:255", "rw", "0"], \
-        r.stdout
-
-
 def test_an_update_never_denies_the_running_container_its_devices(make_bundle, tmp_path):
     """systemd re-applies a unit's devices to a v1 devices controller on any property change,
     denying everything first: the container, looping on /dev/null meanwhile, got EPERM from 3
