@@ -77,16 +77,16 @@ def export(spec: Seccomp) -> bytes:
     """``spec`` compiled and exported as BPF (struct sock_filter[]) for a process that loads
     it itself (sandbox/frontend.c). With CACHE set, a filter exported before is read back: an
     engine gives every container one default profile, and its compiling was ~7 ms of each
-    served create and exec here, 30 under load. The key is the profile as encoded and
-    libseccomp's identity (each server has a directory of its own: it keeps the code it
-    loaded); a file that is not root's alone, one name, whole instructions is not used."""
+    served create and exec here, 30 under load. The key is the profile as encoded (each
+    server has a directory of its own: its code and libseccomp are the same throughout); a
+    file that is not root's alone, one name, whole instructions is not used."""
     if CACHE is None:
         return compile_filter(spec).ctx.export_bpf()
     import hashlib
 
     from mounts.atomic import replace_whole
 
-    key = hashlib.sha256(msgspec.json.encode(spec) + b"\0" + sc.Seccomp.identity().encode()).hexdigest()
+    key = hashlib.sha256(msgspec.json.encode(spec)).hexdigest()
     try:
         cache = os.open(CACHE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:

@@ -550,8 +550,6 @@ class Seccomp:
             except OSError as e:
                 raise SyscallError(errno.ENOENT, "dlopen", f"libseccomp.so.2 ({e}): install libseccomp2") from None
             lib.seccomp_init.argtypes, lib.seccomp_init.restype = [ctypes.c_uint32], ctypes.c_void_p
-            lib.seccomp_version.argtypes, lib.seccomp_version.restype = [], ctypes.POINTER(ctypes.c_uint * 3)
-            lib.seccomp_api_get.argtypes, lib.seccomp_api_get.restype = [], ctypes.c_uint
             lib.seccomp_release.argtypes, lib.seccomp_release.restype = [ctypes.c_void_p], None
             lib.seccomp_arch_resolve_name.argtypes = [ctypes.c_char_p]
             lib.seccomp_arch_resolve_name.restype = ctypes.c_uint32
@@ -606,13 +604,6 @@ class Seccomp:
     def load(self) -> None:
         """Install the filter on this thread (needs no_new_privs or CAP_SYS_ADMIN)."""
         self._check(self._l.seccomp_load(self.ctx), "seccomp_load", "the container's filter")
-
-    @classmethod
-    def identity(cls) -> str:
-        """What the BPF it exports depends on besides the filter: libseccomp's version and
-        the API level it found in this kernel."""
-        lib = cls.lib()
-        return f"libseccomp {'.'.join(map(str, lib.seccomp_version().contents))} api {lib.seccomp_api_get()}"
 
     def export_bpf(self) -> bytes:
         """The filter as the kernel takes it (struct sock_filter[]), for a process that loads

@@ -62,11 +62,10 @@ class CreateFrontend:
         wait as a process of our own, no longer the server's child (a container may run for
         days): should we die, the launcher removes the container itself at its end."""
         import signal
-        import time
 
+        from mounts.errors import SandboxError
+        from sandbox.delete_cmd import kill_all
         from sandbox.launch import move_back
-        from sandbox.state import start_time
-        from sandbox.state_cmd import signal_all
 
         move_back(self.launcher())  # out of the container's cgroups, removed at its end
         if os.fork():  # the wait is no request of the server's: out of its children (MAX_CHILDREN)
@@ -81,8 +80,8 @@ class CreateFrontend:
             data = b""
         if data.startswith(b"status ") and data[7:].isdigit():
             return int(data[7:])
-        signal_all(state, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while start_time(state.pid) == state.start_time and time.monotonic() < deadline:
-            time.sleep(0.002)  # (reaped by whoever pid 1 passed on to)
+        try:
+            kill_all(state)  # (pid 1 reaped by whoever it passed on to)
+        except SandboxError:
+            pass  # (the removal of its cgroups then says what is left)
         return signal.SIGKILL  # (its wait status)

@@ -33,23 +33,8 @@ def main(args) -> int:
     if status != "stopped" or not state.pid_ns_own:
         # without a pid namespace of its own, what the container left running in its cgroup
         # outlives its init: killed too, as runc's destroy does
-        from sandbox.state_cmd import container_pids, signal_all
-
-        signal_all(state, 9)  # SIGKILL
-        deadline = time.monotonic() + 10
-        while start_time(state.pid) == state.start_time or (
-            not state.pid_ns_own and any(start_time(p) is not None for p in container_pids(state))):
-            if time.monotonic() > deadline:
-                raise SandboxError(f"container {state.id!r}: pid {state.pid} did not die after SIGKILL")
-            time.sleep(0.002)
-    if state.systemd_unit:
-        from gofer.systemd import stop
-
-        stop(state.systemd_unit)
-    if state.cgroup_created:
-        from gofer.cgroups import remove_dirs
-
-        remove_dirs(state.cgroup_created)
+        kill_all(state)
+    remove_cgroups(state)
     if state.poststop:
         from gofer.hooks import run_hooks, state_json
 
@@ -61,3 +46,28 @@ def main(args) -> int:
             warn(str(e))
     sd.remove()
     return 0
+
+
+def kill_all(state) -> None:
+    """SIGKILL every process of the container, and wait until they are gone."""
+    from sandbox.state_cmd import container_pids, signal_all
+
+    signal_all(state, 9)  # SIGKILL
+    deadline = time.monotonic() + 10
+    while start_time(state.pid) == state.start_time or (
+            not state.pid_ns_own and any(start_time(p) is not None for p in container_pids(state))):
+        if time.monotonic() > deadline:
+            raise SandboxError(f"container {state.id!r}: pid {state.pid} did not die after SIGKILL")
+        time.sleep(0.002)
+
+
+def remove_cgroups(state) -> None:
+    """The container's systemd unit stopped, the cgroups it made removed."""
+    if state.systemd_unit:
+        from gofer.systemd import stop
+
+        stop(state.systemd_unit)
+    if state.cgroup_created:
+        from gofer.cgroups import remove_dirs
+
+        remove_dirs(state.cgroup_created)

@@ -423,13 +423,6 @@ static void forward(int sig) {
     if (forward_to > 0) kill(forward_to, sig);
 }
 
-/* Whether a run's command line (past its verb) asks for -d. */
-static int detached(char **argv, int verb_at) {
-    for (int i = verb_at + 1; argv[i]; i++)
-        if (!strcmp(argv[i], "-d") || !strcmp(argv[i], "--detach")) return 1;
-    return 0;
-}
-
 /* Signals that stop a foreground run or exec (SIGINT, SIGTERM, SIGHUP) passed on to ``pid``. */
 static void forward_signals(pid_t pid) {
     forward_to = pid;
@@ -676,9 +669,9 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char *
         c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
         memcpy(CMSG_DATA(c), &chan[0], sizeof(int));
     }
-    /* a foreground run's signals go to the container from now on (its poststart hooks run
-     * after it has exec'd; before, an init without a handler ignores them, as Python's run's) */
-    if (init > 0 && strcmp(verb, "run") == 0 && !detached(argv, verb_at)) forward_signals(init);
+    /* a run's signals go to the container from now on, as Python's run passes them on (its
+     * poststart hooks run after it has exec'd; before, an init without a handler ignores them) */
+    if (init > 0 && strcmp(verb, "run") == 0) forward_signals(init);
     ssize_t sent = sendmsg(s, &msg, 0);
     if (chan[0] >= 0) close(chan[0]);
     int code = sent >= 0 ? server_code(s, verb) : (close(s), 1);

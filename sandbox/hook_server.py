@@ -447,7 +447,7 @@ def _preload() -> None:
     import sandbox.config  # noqa: F401
     import sandbox.hook_cmd  # noqa: F401
     import sandbox.trace  # noqa: F401
-    from gofer import embed, enter, gpu, main, remote_init, root, seccomp, spans  # noqa: F401
+    from gofer import embed, enter, gpu, main, remote_init, root, seccomp, spans, systemd  # noqa: F401
     from mounts import atomic, bundle, driver, elf, ldcache, plan, request, spec  # noqa: F401
     from sandbox import (  # noqa: F401
         api,

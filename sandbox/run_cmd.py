@@ -82,15 +82,10 @@ def main(args, gofer: Gofer | None = None) -> int:
 
 
 def _remove(sd, state) -> None:
-    """The container's systemd unit, the cgroups it made, its state."""
-    if state.systemd_unit:
-        from gofer.systemd import stop
+    """The container's cgroups (sandbox/delete_cmd.py), then its state."""
+    from sandbox.delete_cmd import remove_cgroups
 
-        stop(state.systemd_unit)
-    if state.cgroup_created:
-        from gofer.cgroups import remove_dirs
-
-        remove_dirs(state.cgroup_created)
+    remove_cgroups(state)
     sd.remove()
 
 
