@@ -92,3 +92,8 @@ def test_a_file_anyone_else_could_have_written_is_not_used(cache):
     os.link(cache / key, cache.parent / "second-name")
     (cache / key).write_bytes(planted)  # (through the link: both names)
     assert seccomp.export(PROFILE) == first
+    if os.geteuid() == 0:
+        (cache / key).write_bytes(planted)
+        (cache / key).chmod(0o600)
+        os.chown(cache / key, 1, 1)  # (another user's)
+        assert seccomp.export(PROFILE) == first
