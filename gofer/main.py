@@ -308,11 +308,9 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             spans.add("user", t_user)
             sc.leave_host_proc()
             assert chan is not None
-            remote_init.shed_privileges({sock.fileno(), chan.fileno()})
+            remote_init.shed_privileges({sock.fileno()})  # (chan: handed over and closed)
             spans.add("exec", time.monotonic_ns())
-            protocol.send(sock, protocol.Ready(spans.items, host_pid))
-            if not isinstance(protocol.recv_request(sock), protocol.Resume):
-                raise GoferError("the supervisor exited before recording the container")
+            protocol.send(sock, protocol.Ready(spans.items, host_pid))  # (and we exit: see hand_over)
 
         remote_init.hand_over(chan, init, proc, bpf, fifo, remote_ready)
         os._exit(0)

@@ -155,9 +155,10 @@ def shed_privileges(keep: set[int]) -> None:
 
 def hand_over(chan: socket.socket, init: int, proc, bpf: bytes | None, fifo: int, ready) -> None:
     """Send pid 1 its process (looked up inside the root: cwd, HOME), wait until it is the
-    container's user, then ``ready()`` (Ready, and the supervisor's Resume once the container
-    is recorded), and let it go on to wait for start. Its error, if any, raised as its own.
-    ``ready`` runs without privileges (shed_privileges, keeping ``chan``)."""
+    container's user, let it go on to wait for start, then ``ready()`` (Ready, after which
+    we exit: the supervisor records the container only once we are gone and reaped, so that
+    no process exec'd into it finds us, in its pid namespace, to ptrace). Its error, if
+    any, raised as its own. ``ready`` runs without privileges (shed_privileges)."""
     # pivot_root took pid 1's root along only if it was the namespace's root (a launcher
     # chrooted, even into a bind of "/", would leave it the host's): ours, or nothing goes on
     theirs, ours = os.stat(f"{init}/root", dir_fd=sc.PROC), os.stat("/")
@@ -186,6 +187,6 @@ def hand_over(chan: socket.socket, init: int, proc, bpf: bytes | None, fifo: int
     if not report.startswith("ready"):
         _pid, error = enter.parse_report(report)
         raise error or SandboxError("the container's init exited before it was ready")
-    ready()
-    chan.send(b"g")
+    chan.send(b"g")  # (should the create fail from here on, the supervisor kills pid 1)
     chan.close()
+    ready()

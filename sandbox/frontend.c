@@ -54,6 +54,8 @@
 
 #include "frontend.h"
 
+extern char **environ;
+
 #define MAX_ITEMS 4096
 
 struct plan {
@@ -599,6 +601,17 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds) {
  * namespace. The gofer builds its root from inside its namespaces (pivot_root takes this
  * process's root along) and sends the process on ``chan``: the same plan as exec's, with
  * exec.fifo. Never returns. */
+/* The launcher's command line and environment (the engine's: its paths, perhaps its
+ * secrets) blanked where /proc/<pid>/cmdline and environ read them: pid 1 waits long in the
+ * container, where anyone may read its cmdline (runc's init shows "runc init"). */
+static void hide_command_line(char **argv) {
+    static const char name[] = "sandbox-init";
+    size_t room = argv[0] ? strlen(argv[0]) : 0;
+    for (char **a = argv; *a; a++) memset(*a, 0, strlen(*a));
+    for (char **e = environ; *e; e++) memset(*e, 0, strlen(*e));
+    if (room >= sizeof name - 1) memcpy(argv[0], name, sizeof name - 1);
+}
+
 static void init_process(int chan) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     report_fd = chan;
@@ -653,8 +666,11 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char *
     if (!report[0] && (init = fork()) < 0)
         snprintf(report, sizeof report, "err 1 fork: %s\n", strerror(errno));
     if (init == 0) { /* everything past the engine's --preserve-fds closed, not only flagged: it waits long */
-        close_host(); /* (the host's namespaces and cwd: never the container's, in a gap of those) */
+        close_host(); /* (ours, in a gap of those: the host's namespaces and cwd, the server's */
+        close(s);     /*  connection, the other end of the channel) */
+        close(chan[0]);
         close_from(3 + (unsigned)pl.preserve, chan[1]);
+        hide_command_line(argv);
         init_process(chan[1]);
     }
     /* (the namespaces' fds: closed as they were joined; their numbers may be chan's now) */

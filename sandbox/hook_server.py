@@ -230,7 +230,7 @@ def _filter_cache(path: str) -> None:
     from gofer import seccomp
     from mounts.errors import SandboxError
 
-    top = os.path.join(os.path.dirname(path), "bpf")
+    top = f"{path}.bpf"  # (this socket's own: a --server in a shared directory empties nobody else's)
     why = "a filter planted there would be a container's"
     try:
         _root_only_dir(os.path.dirname(path), "seccomp filter cache", why)  # (a socket unit's: not checked yet)

@@ -181,7 +181,7 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
                 ready, init = msg, msg.pid
                 if launcher is not None and failure is None and _hung_up(launcher.fd):
                     failure = SandboxError("the launcher exited before the container was recorded")
-                if opts.detached and failure is None:
+                if opts.detached and failure is None and launcher is None:
                     # the init waits for this before it blocks on exec.fifo (see gofer/main.py)
                     sd.write(_state(opts, ready.pid, bundle, spec, hooks, cgroup))
                     protocol.send(sock, protocol.Resume())
@@ -197,12 +197,13 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
             raise failure
         assert ready is not None  # (failure is set whenever ready is not)
         state = _state(opts, ready.pid, bundle, spec, hooks, cgroup)
-        if not opts.detached:  # (a detached init's state was written before its Resume)
-            sd.write(state)
         if launcher is not None:
-            # the gofer, and its builder, which was in the container's pid namespace: a
-            # zombie there would hold pid 1's exit (the namespace waits for every process)
+            # the gofer, and its builder, which was in the container's pid namespace (a
+            # zombie there would hold pid 1's exit): gone before the container is recorded,
+            # as no process can be exec'd into it until then to find the builder
             _reap_all(time.monotonic() + 5)
+        if not opts.detached or launcher is not None:  # (else written before the init's Resume)
+            sd.write(state)
         return Launched(ready.pid, ready.spans, state, hooks, trace)
     except BaseException:
         sock.close()  # an init we do not know yet reads EOF and gives up

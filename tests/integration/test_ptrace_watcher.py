@@ -185,6 +185,9 @@ def test_a_created_init_of_the_launchers_shows_no_host_file(make_bundle, tmp_pat
         try:
             init = json.loads(subprocess.run([*cli, "state", "c"], capture_output=True, text=True).stdout)["pid"]
             assert Path(f"/proc/{init}/comm").read_text().strip() == "sandbox"  # the launcher, waiting
+            # its command line (world-readable) and environment are the engine's: blanked
+            assert Path(f"/proc/{init}/cmdline").read_bytes().rstrip(b"\0") == b"sandbox-init"
+            assert not Path(f"/proc/{init}/environ").read_bytes().strip(b"\0")
             r = subprocess.run([*cli, "exec", "-d", "c", "/w/watcher", "/w/out", "/w/stop", "/w/mark"], **quiet)
             assert r.returncode == 0
             deadline = time.monotonic() + 20

@@ -445,7 +445,7 @@ def test_create_by_the_front_end_is_pythons(server, make_bundle, driver_root, tm
     assert sum(": create: " in line for line in served_lines(log)) == 5, log.read_text()
     assert "declined" not in log.read_text()
     assert not os.listdir(root)
-    assert len(list((path.parent / "bpf").glob("*/*"))) == 1  # two bundles, one profile: one filter kept
+    assert len(list(Path(f"{path}.bpf").glob("*/*"))) == 1  # two bundles, one profile: one filter kept
 
 
 def _in_child_pid_namespaces() -> list[tuple[int, str]]:
@@ -809,7 +809,7 @@ def test_a_server_empties_its_filter_cache_as_it_starts(tmp_path):
 
     with engines.WarmServer(tmp_path) as warm:
         first = warm.proc.pid
-        (warm.path.parent / "bpf" / str(first) / "stale").write_bytes(b"\0" * 8)
-        (warm.path.parent / "bpf" / "stray").write_bytes(b"\0" * 8)
+        (Path(f"{warm.path}.bpf") / str(first) / "stale").write_bytes(b"\0" * 8)
+        (Path(f"{warm.path}.bpf") / "stray").write_bytes(b"\0" * 8)
     with engines.WarmServer(tmp_path) as warm:
-        assert os.listdir(warm.path.parent / "bpf") == [str(warm.proc.pid)]
+        assert os.listdir(f"{warm.path}.bpf") == [str(warm.proc.pid)]
