@@ -125,7 +125,11 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
     try:
         prctl.set_dumpable(False)  # as the gofer: see gofer/main.py (CVE-2019-5736)
         process.check_labels(proc)
-        sc.cloexec_from(3 + preserve_fds)  # before setns: the fallback lists /proc/self/fd
+        # before setns (the fallback lists /proc/self/fd), and before G is forked into the
+        # container's pid namespace: nothing of the caller's but stdio and the preserved fds
+        keep = {w, sc.PROC, *(fd for fd, _, _ in fds)} | ({console.fileno()} if console is not None else set())
+        sc.close_fds(3 + preserve_fds, keep)
+        sc.hide_caller()
         for d in cgroups:  # the container's cgroups, limits and device rules, before anything else
             with open(os.path.join(d, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))

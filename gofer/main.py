@@ -167,9 +167,13 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         raise GoferError("the supervisor exited before the gofer started")
     start = _expect_start(sock)
     # Nothing the caller left open may reach the container (runc closes them too), except
-    # the --preserve-fds ones: from here on every other fd above stderr is close-on-exec;
-    # our socket already is.
-    sc.cloexec_from(3 + (start.preserve_fds if start.launcher_fd is None else 0))  # (served: the launcher's are the engine's)
+    # the --preserve-fds ones: every other fd above stderr is closed now, before any
+    # namespace is joined (pid 1 waits for start in there, where a ptracer could take an fd
+    # it holds), and nothing of the caller's command line or environment stays in memory.
+    keep = {sock.fileno(), sc.PROC} | ({start.launcher_fd} if start.launcher_fd is not None else set())
+    sc.close_fds(3 + (start.preserve_fds if start.launcher_fd is None else 0), keep)  # (served: the launcher's are the engine's)
+    if start.launcher_fd is None:  # (served: pid 1 is the launcher's child, which blanks its own)
+        sc.hide_caller()
     spans = Spans(start.trace, os.getpid())
     spans.add("gofer:start", t_spawn)
     spec = start.spec

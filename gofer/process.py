@@ -324,8 +324,9 @@ def environment(proc: Process, entry: Entry) -> dict[str, str]:
 def exec_process(proc: Process, entry: Entry, pdeathsig: bool = True, seccomp=None, before_exec=None) -> None:
     """A new session, umask, cwd, HOME, no_new_privs, PDEATHSIG (credential changes cleared
     it), every signal back to its default and none blocked, then execvpe with the spec's
-    environment only: nothing of ours, nothing of the caller's. Every fd above 2 is already
-    close-on-exec (gofer/main.py), so nothing of the caller's reaches the container."""
+    environment only: nothing of ours, nothing of the caller's. Every fd of the caller's above 2
+    but the preserved ones is closed already (gofer/main.py, gofer/enter.py), and ours are
+    close-on-exec."""
     try:
         os.setsid()
     except OSError:

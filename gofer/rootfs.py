@@ -10,7 +10,7 @@ import stat
 
 from gofer import syscalls as sc
 from gofer.root import MS, Root
-from mounts.errors import MountError
+from mounts.errors import MountError, ProcessError, SandboxError
 from mounts.spec import Device, Mount, Spec
 
 # mount(8) option -> (flags to set, flags to clear)
@@ -345,7 +345,10 @@ def ensure_cwd(root: Root, cwd: str) -> None:
         os.close(root.open(cwd, os.O_PATH | os.O_DIRECTORY))
     except OSError as e:
         if e.errno == errno.ENOENT:
-            root.ensure_dir(cwd)
+            try:
+                root.ensure_dir(cwd)
+            except (OSError, SandboxError) as err:  # (in a procfs, say: /proc/self/fd/N of no fd)
+                raise ProcessError(f"process.cwd {cwd}: cannot be made: {err}") from None
         # else not a directory, a link out: process.cwd's own error, from look_up
 
 

@@ -80,7 +80,6 @@ MOUNT_ATTR_NODEV = 0x4
 MOUNT_ATTR_NOEXEC = 0x8
 
 # close_range(2)
-CLOSE_RANGE_CLOEXEC = 1 << 2
 
 # netdevice(7)
 SIOCGIFFLAGS = 0x8913
@@ -347,21 +346,51 @@ def cap_ambient_raise(cap: int) -> None:
     _check(_prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0), "prctl", f"PR_CAP_AMBIENT_RAISE {cap}")
 
 
-def cloexec_from(first: int) -> None:
-    """Mark every fd from ``first`` up close-on-exec (close_range(2) with
-    CLOSE_RANGE_CLOEXEC, Linux 5.11), walking /proc/self/fd on older kernels: whatever the
-    caller left open can then never reach the container's process."""
-    res = _retry(_syscall, ctypes.c_long(_NR["close_range"]), ctypes.c_uint(first), ctypes.c_uint(0xFFFFFFFF),
-                 ctypes.c_uint(CLOSE_RANGE_CLOEXEC))
-    if res == 0:
+def close_fds(first: int, keep: set[int]) -> None:
+    """Close every fd from ``first`` up but those in ``keep``: close_range(2) over the gaps
+    (Linux 5.9), each fd /proc/self/fd lists on older kernels. Closed, not marked
+    close-on-exec: a process that waits in a container's namespaces (a created init, exec's
+    child) must hold nothing of its caller's that a ptracer in there could take (pidfd_getfd)."""
+    low = first
+    for fd in sorted(k for k in keep if k >= first) + [0xFFFFFFFF + 1]:
+        if fd > low and _retry(_syscall, ctypes.c_long(_NR["close_range"]), ctypes.c_uint(low),
+                               ctypes.c_uint(fd - 1), ctypes.c_uint(0)) != 0:
+            break
+        low = fd + 1
+    else:
         return
     for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd >= first:
+        if int(name) >= first and int(name) not in keep:
             try:
-                os.set_inheritable(fd, False)
+                os.close(int(name))
             except OSError:
                 pass  # the fd listdir itself used, closed by now
+
+
+_libc.memset.argtypes, _libc.memset.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t], ctypes.c_void_p
+BYTES_DATA = bytes.__basicsize__ - 1  # offset of a bytes object's characters (CPython's ob_sval)
+
+
+def hide_caller(name: bytes = b"sandbox-init") -> None:
+    """Blank what this process holds of its caller's command line and environment (an
+    engine's paths, perhaps its secrets) before it waits in a container's namespaces: the
+    strings /proc/<pid>/cmdline and environ read (argv shows ``name``, as runc's init shows
+    "runc init"), and os.environ's copies, zeroed in place (a freed object's bytes stay in
+    the heap, which a ptracer in the container can read). After this, os.environ is empty."""
+    with open("/proc/self/stat", "rb") as f:
+        fields = f.read().rpartition(b")")[2].split()
+    # fields 48-51 of proc(5) (arg_start, arg_end, env_start, env_end), counted past the comm
+    arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])
+    for start, end in ((arg_start, arg_end), (env_start, env_end)):
+        if 0 < start < end:
+            _libc.memset(start, 0, end - start)
+    if arg_end - arg_start > len(name):
+        ctypes.memmove(arg_start, name, len(name))
+    data = os.environ._data  # type: ignore[attr-defined]  # (posix.environ: bytes to bytes)
+    for item in (*data.keys(), *data.values()):
+        if len(item) > 1:  # (the empty and one-byte objects are the interpreter's shared singletons)
+            _libc.memset(id(item) + BYTES_DATA, 0, len(item))
+    data.clear()
 
 
 _personality = _libc.personality

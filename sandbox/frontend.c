@@ -103,14 +103,25 @@ static void fail(int code, const char *fmt, ...) {
 
 static unsigned long long hex(const char *s) { return strtoull(s, NULL, 16); }
 
-/* Every fd from ``low`` up but ``keep`` closed now (close_range(2), else each fd that
- * /proc/self/fd lists). */
-static void close_from(unsigned low, int keep) {
-    if (keep >= (int)low) {
-        if ((keep == (int)low || syscall(SYS_close_range, low, (unsigned)keep - 1, 0) == 0)
-            && syscall(SYS_close_range, (unsigned)keep + 1, ~0U, 0) == 0) return;
-    } else if (syscall(SYS_close_range, low, ~0U, 0) == 0) {
-        return;
+static int kept(int fd, const int *keep, int nkeep) {
+    for (int i = 0; i < nkeep; i++)
+        if (keep[i] == fd) return 1;
+    return 0;
+}
+
+/* Every fd from ``low`` up but the ``nkeep`` of ``keep`` closed now, not only flagged: a
+ * process that waits in the container's namespaces holds nothing a ptracer in there could
+ * take (close_range(2) over the gaps between the kept ones, else each fd /proc/self/fd lists). */
+static void close_except(unsigned low, const int *keep, int nkeep) {
+    unsigned from = low;
+    for (;;) { /* the gaps, lowest first: up to the next kept fd at or above from */
+        long next = -1;
+        for (int i = 0; i < nkeep; i++)
+            if (keep[i] >= 0 && (unsigned)keep[i] >= from && (next < 0 || keep[i] < next)) next = keep[i];
+        unsigned to = next < 0 ? ~0U : (unsigned)next - 1;
+        if ((next < 0 || (unsigned)next > from) && syscall(SYS_close_range, from, to, 0) < 0) break;
+        if (next < 0) return;
+        from = (unsigned)next + 1;
     }
     DIR *d = opendir("/proc/self/fd");
     if (d == NULL) return;
@@ -118,7 +129,8 @@ static void close_from(unsigned low, int keep) {
     for (struct dirent *e; (e = readdir(d)) != NULL && n < 1024;) {
         char *end;
         long fd = strtol(e->d_name, &end, 10);
-        if (*end == '\0' && end != e->d_name && fd >= (long)low && fd != keep && fd != dirfd(d)) fds[n++] = (int)fd;
+        if (*end == '\0' && end != e->d_name && fd >= (long)low && !kept((int)fd, keep, nkeep) && fd != dirfd(d))
+            fds[n++] = (int)fd;
     }
     closedir(d);
     for (int i = 0; i < n; i++) close(fds[i]);
@@ -536,15 +548,21 @@ static int wait_and_report(int s, pid_t init, const char *id, char **argv, int v
     return code;
 }
 
-int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds) {
+/* The launcher's command line and environment (the engine's: its paths, perhaps its
+ * secrets) blanked where /proc/<pid>/cmdline and environ read them: pid 1 waits long in the
+ * container, where anyone may read its cmdline (runc's init shows "runc init"). */
+static void hide_command_line(char **argv) {
+    static const char name[] = "sandbox-init";
+    size_t room = argv[0] ? strlen(argv[0]) : 0;
+    for (char **a = argv; *a; a++) memset(*a, 0, strlen(*a));
+    for (char **e = environ; *e; e++) memset(*e, 0, strlen(*e));
+    if (room >= sizeof name - 1) memcpy(argv[0], name, sizeof name - 1);
+}
+
+int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds, char **argv) {
     struct plan pl;
     if (parse(&pl, buf, n, fds, nfds) < 0) {
         fprintf(stderr, "sandbox exec: the server's plan is not one this launcher reads (rebuild both)\n");
-        return 1;
-    }
-    /* the fds the engine passes on (--preserve-fds) stay; every other one closes at exec */
-    if (cloexec_from(3 + (unsigned)pl.preserve) < 0) {
-        fprintf(stderr, "sandbox exec: cannot close our fds at exec: %s\n", strerror(errno));
         return 1;
     }
     if (!pl.detach) prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); /* G becomes ours when C exits */
@@ -554,9 +572,13 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds) {
         return 1;
     }
     pid_t c = fork();
-    if (c == 0) {
-        close(report[0]);
-        close(s);
+    if (c == 0) { /* C: before it joins, nothing of the caller's but stdio and the preserved fds */
+        int keep[2 + 8 + 32], nkeep = 0;
+        keep[nkeep++] = report[1], keep[nkeep++] = pl.cwd;
+        for (int i = 0; i < pl.nns; i++) keep[nkeep++] = pl.ns[i].fd;
+        for (int i = 0; i < pl.ncgroups; i++) keep[nkeep++] = pl.cgroups[i].fd;
+        close_except(3 + (unsigned)pl.preserve, keep, nkeep);
+        hide_command_line(argv);
         report_fd = report[1];
         enter(&pl);
     }
@@ -601,17 +623,6 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds) {
  * namespace. The gofer builds its root from inside its namespaces (pivot_root takes this
  * process's root along) and sends the process on ``chan``: the same plan as exec's, with
  * exec.fifo. Never returns. */
-/* The launcher's command line and environment (the engine's: its paths, perhaps its
- * secrets) blanked where /proc/<pid>/cmdline and environ read them: pid 1 waits long in the
- * container, where anyone may read its cmdline (runc's init shows "runc init"). */
-static void hide_command_line(char **argv) {
-    static const char name[] = "sandbox-init";
-    size_t room = argv[0] ? strlen(argv[0]) : 0;
-    for (char **a = argv; *a; a++) memset(*a, 0, strlen(*a));
-    for (char **e = environ; *e; e++) memset(*e, 0, strlen(*e));
-    if (room >= sizeof name - 1) memcpy(argv[0], name, sizeof name - 1);
-}
-
 static void init_process(int chan) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     report_fd = chan;
@@ -669,7 +680,7 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char *
         close_host(); /* (ours, in a gap of those: the host's namespaces and cwd, the server's */
         close(s);     /*  connection, the other end of the channel) */
         close(chan[0]);
-        close_from(3 + (unsigned)pl.preserve, chan[1]);
+        close_except(3 + (unsigned)pl.preserve, &chan[1], 1);
         hide_command_line(argv);
         init_process(chan[1]);
     }

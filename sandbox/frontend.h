@@ -15,8 +15,9 @@
 ssize_t recv_plan(int s, char *buf, int *fds, int *nfds);
 
 /* Runs the plan (buf, n; fds as received) on the server's connection s: the exit code of
- * `sandbox exec`, the process's own when not detached. */
-int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds);
+ * `sandbox exec`, the process's own when not detached. argv: the command line, blanked in
+ * the child that joins the container. */
+int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds, char **argv);
 
 /* The same for create's and run's "clone" records: the container's pid 1 made here, as the
  * launcher's child (the server's gofer builds its root and sends it its process). The exit

@@ -103,7 +103,7 @@ static int send_request(int argc, char **argv) {
         || !utf8((unsigned char *)cwd, strlen(cwd)) || json_string(&req, cwd, strlen(cwd))
         || put(&req, ", \"umask\": ", 11) || put(&req, mask, strlen(mask)) || put(&req, ", \"env\": [", 10)
         || json_strings(&req, environ, n) || put(&req, "]}", 2)) {
-        free(req.p);
+        drop(&req);
         return -1;
     }
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -123,10 +123,10 @@ static int send_request(int argc, char **argv) {
         || getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.uid != 0
         || sendmsg(s, &msg, 0) != (ssize_t)req.n) {
         if (s >= 0) close(s);
-        free(req.p);
+        drop(&req);
         return -1;
     }
-    free(req.p);
+    drop(&req);
     return s;
 }
 
@@ -175,7 +175,7 @@ static int served_plan(int argc, char **argv, int at) {
         free(buf);
         return -1; /* never taken up, or a plan too big for us: the verb in Python */
     }
-    if (strncmp(buf, "plan", 4) == 0) return frontend_exec(s, buf, (size_t)r, fds, nfds);
+    if (strncmp(buf, "plan", 4) == 0) return frontend_exec(s, buf, (size_t)r, fds, nfds, argv);
     if (strncmp(buf, "clone", 5) == 0) return frontend_create(s, buf, (size_t)r, fds, nfds, argv, at);
     for (int i = 0; i < nfds; i++) close(fds[i]);
     close(s); /* {"fallback"}, or {"code"}: the error already printed */

@@ -12,14 +12,25 @@
 
 struct buf { char *p; size_t n, cap; };
 
+/* The buffer zeroed and freed: it may hold the caller's environment (an engine's secrets),
+ * and a freed block keeps its bytes in a heap that pid 1 inherits (frontend.c). */
+static inline void drop(struct buf *b) {
+    if (b->p) explicit_bzero(b->p, b->n);
+    free(b->p);
+    b->p = NULL, b->n = b->cap = 0;
+}
+
 static inline int put_max(struct buf *b, const char *s, size_t n, size_t max) {
     if (n > max || b->n > max - n) return -1;
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
         while (cap < b->n + n) cap *= 2;
-        char *p = realloc(b->p, cap);
+        char *p = malloc(cap); /* (not realloc: the old block, freed, would keep a copy) */
         if (!p) return -1;
-        b->p = p, b->cap = cap;
+        size_t used = b->n;
+        if (b->p) memcpy(p, b->p, used);
+        drop(b);
+        b->p = p, b->n = used, b->cap = cap;
     }
     memcpy(b->p + b->n, s, n);
     b->n += n;

@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +140,97 @@ def test_a_container_that_may_ptrace_sees_no_host_interpreter(caps, make_bundle,
         assert lines[0] == "/memfd:sandbox-python (deleted)" and "not-written" in r.stdout, (r.stdout, r.stderr)
     else:
         assert "unreadable" in r.stdout and "Permission denied" in r.stderr, (r.stdout, r.stderr)
+
+
+GRAB = Path(__file__).parent / "programs" / "fdgrab.c"
+LAUNCHER = Path(__file__).resolve().parents[2] / ".venv/bin/sandbox"
+
+
+@pytest.fixture(params=["python", "served"])
+def server_path(request, tmp_path):
+    """SANDBOX_SERVER for the launcher: "" (its own Python) or a warm server's socket."""
+    import engines
+
+    if not LAUNCHER.is_file() or LAUNCHER.read_bytes()[:4] != b"\x7fELF":
+        pytest.skip("the C launcher is not built (scripts/setup builds it)")
+    if request.param == "python":
+        yield ""
+        return
+    with engines.WarmServer(tmp_path) as warm:
+        yield str(warm.path)
+
+
+def _writable_memory(pid: int) -> bytes:
+    """Every private writable mapping of ``pid`` (its heap, stack, the interpreter's arenas)."""
+    out = []
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if perms.startswith("rw"):
+                lo, hi = (int(x, 16) for x in span.split("-"))
+                try:
+                    mem.seek(lo)
+                    out.append(mem.read(hi - lo))
+                except OSError:
+                    pass  # (a guard page, vvar)
+    return b"".join(out)
+
+
+def test_a_ptracer_in_the_container_takes_no_callers_fd_nor_its_environment(server_path, make_bundle, tmp_path):
+    """The red team's probe (issue 29): a container process holding CAP_SYS_PTRACE calls
+    pidfd_getfd on pid 1 (created, waiting for start) and on every new pid of its namespace
+    (exec's child, caught between its fork into the namespace and its exec), while the caller
+    of create and exec holds an fd on a host directory and a secret in its environment. runc's
+    processes hold nothing of the caller's but stdio; neither may ours, served or not: no fd
+    on the host's directory, no secret in a command line, environment or pid 1's memory."""
+    host = tmp_path / "host"
+    host.mkdir()
+    w = tmp_path / "w"
+    w.mkdir()
+    subprocess.run(["gcc", "-static", "-O2", "-o", str(w / "fdgrab"), str(GRAB)], check=True)
+    secret = f"engine-secret-{os.getpid()}-{time.monotonic_ns()}"
+    bundle = make_bundle(["sleep", "30"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["capabilities"] = {k: ["CAP_SYS_PTRACE"] for k in ("bounding", "effective", "permitted")}
+    spec["mounts"].append({"destination": "/w", "type": "bind", "source": str(w), "options": ["rbind", "rw"]})
+    (bundle / "config.json").write_text(json.dumps(spec))
+    root, cid = tmp_path / "state", f"grab{os.getpid()}"
+    env = dict(os.environ, SANDBOX_SERVER=server_path, ENGINE_TOKEN=secret)
+
+    def launch(*args, fd: bool = True) -> subprocess.CompletedProcess:
+        opened = os.open(host, os.O_RDONLY | os.O_DIRECTORY)
+        os.dup2(opened, FD, inheritable=True)
+        os.close(opened)
+        try:  # (into files: a created init holds the engine's stdout and stderr)
+            with open(tmp_path / "launch.out", "w+") as out, open(tmp_path / "launch.err", "w+") as err:
+                r = subprocess.run([str(LAUNCHER), "--root", str(root), *args], pass_fds=(FD,) if fd else (),
+                                   stdout=out, stderr=err, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+                out.seek(0), err.seek(0)
+                return subprocess.CompletedProcess(r.args, r.returncode, out.read(), err.read())
+        finally:
+            os.close(FD)
+
+    r = launch("create", "-b", str(bundle), cid)
+    assert r.returncode == 0, r.stderr
+    try:
+        init = json.loads(launch("state", cid, fd=False).stdout)["pid"]
+        r = launch("exec", "-d", cid, "/w/fdgrab", "/w/out", "/w/stop", "/w/ready", secret, fd=False)
+        assert r.returncode == 0, r.stderr
+        deadline = time.monotonic() + 10
+        while not (w / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (w / "ready").exists()
+        for _ in range(3):
+            r = launch("exec", cid, "sh", "-c", "sleep 0.2")
+            assert r.returncode == 0, r.stderr
+        memory = _writable_memory(init)
+        (w / "stop").touch()
+        time.sleep(0.3)
+    finally:
+        launch("delete", "--force", cid, fd=False)
+    st = host.stat()
+    taken = [line.split() for line in (w / "out").read_text().splitlines()]
+    assert taken, "the probe took not even pid 1's stdio"
+    assert [t for t in taken if t[1:] == [str(st.st_dev), str(st.st_ino)] or secret in t] == [], taken
+    assert secret.encode() not in memory, [memory[max(0, i - 64):i + 64] for i in
+                                           range(len(memory)) if memory.startswith(secret.encode(), i)][:3]
