@@ -228,6 +228,8 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     else:
         host_pid, cgroups = _enter(spec, start, sock, parent, in_userns, spans)
 
+    if not in_userns:  # (before prepare_root: see clone_bind_sources)
+        sources = rootfs.clone_bind_sources(spec, start.bundle, shared_only=True)
     with spans.span("rootfs"):
         # In a user namespace the image's files stay the host's (nobody's, in there): no
         # overlay of the whole root, whose directories root in there could not write, but

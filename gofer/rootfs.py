@@ -212,15 +212,21 @@ def _is_bind(m: Mount) -> bool:
     return (m.type or ("bind" if flags & sc.MS_BIND else None)) == "bind" or bool(flags & sc.MS_BIND)
 
 
-def clone_bind_sources(spec: Spec, bundle: str) -> dict[int, int]:
+def clone_bind_sources(spec: Spec, bundle: str, shared_only: bool = False) -> dict[int, int]:
     """{index in spec.mounts: detached clone} of every bind source, made now, with the
     host's privileges: from inside a user namespace the host's paths may be out of reach (a
     0700 directory of the host's root), and a mount of another namespace cannot be cloned
-    there. Detached trees can be attached anywhere (runc opens its sources outside too)."""
+    there. Detached trees can be attached anywhere (runc opens its sources outside too).
+
+    ``shared_only``: the binds with shared or rshared propagation alone (Kubernetes'
+    Bidirectional), cloned before prepare_root makes our copy of the host's tree a slave:
+    then a clone of a shared source is a peer of the host's mount, so a mount made under it
+    in the container appears on the host and the host's in the container, as under runc.
+    Everything else we mount stays out of the host's peer groups."""
     fds = {}
     try:
         for i, m in enumerate(spec.mounts):
-            if _is_bind(m):
+            if _is_bind(m) and (not shared_only or parse_options(m.options)[1] & sc.MS_SHARED):
                 src = _open_source(m, bundle)
                 try:
                     rec = sc.AT_RECURSIVE if parse_options(m.options)[0] & sc.MS_REC else 0
@@ -386,7 +392,8 @@ def mask_and_protect(spec: Spec) -> None:
 def propagate_root(spec: Spec) -> None:
     """linux.rootfsPropagation on the container's "/" (as runc applies it, past pivot_root).
     Until then our copy of the tree was private or slave (prepare_root), so a shared root
-    is a new peer group of the container's own, never one joined with the host's mounts."""
+    is a new peer group of the container's own, never one joined with the host's mounts
+    (but for the shared binds, cloned before: clone_bind_sources)."""
     prop = spec.linux.rootfs_propagation
     if prop:
         sc.mount(None, "/", None, PROPAGATION[prop])

@@ -1,6 +1,7 @@
 """linux.rootfsPropagation: a slave root receives what is mounted on the host under the
 rootfs afterwards, a private one does not, a shared one does and is a peer group of its own
-besides; none carries the container's mounts back to the host."""
+besides; none carries the container's mounts back to the host, but a bind volume with
+shared propagation (Kubernetes' Bidirectional) does, as under runc."""
 
 from __future__ import annotations
 
@@ -52,4 +53,43 @@ def test_root_propagation(prop, expect, make_bundle, tmp_path, rootfs_debian):
                        capture_output=True, text=True, timeout=60)
     # the container's own tmpfs on /tmp (its last command) never reaches the test's tree
     assert r.stdout.split() == [*expect, "1"], (r.stdout, r.stderr)
+    assert mount_table() == before
+
+
+BIDI = ("mount -t tmpfs tmpfs /vol/in && echo from-container > /vol/in/file && touch /vol/mounted; "
+        "for i in $(seq 100); do test -e /vol/out/file && break; sleep 0.05; done; cat /vol/out/file 2>&1; "
+        "touch /vol/done; for i in $(seq 100); do test -e /vol/unmounted && break; sleep 0.05; done; "
+        "umount /vol/in; true")
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_bidirectional_volume(gpu, make_bundle, tmp_path, driver_root):
+    """Kubernetes' mountPropagation: Bidirectional, as containerd writes it (a bind with
+    rshared, rootfsPropagation rshared) over a shared host mount, as critest tries it: a
+    mount made in the container under the volume appears on the host, and the host's in the
+    container. Nothing else of the container's reaches the host (its own tmpfs on /tmp), and
+    a GPU container's root stays our overlay."""
+    top = tmp_path / "shared"
+    top.mkdir()
+    bundle = make_bundle(["sh", "-c", BIDI + "; mount -t tmpfs tmpfs /tmp"],
+                         ["NVIDIA_VISIBLE_DEVICES=all"] if gpu else [])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["capabilities"] = {k: ["CAP_SYS_ADMIN"] for k in ("bounding", "effective", "permitted")}
+    spec["linux"]["rootfsPropagation"] = "rshared"
+    spec["mounts"].append({"destination": "/vol", "type": "bind", "source": str(top / "vol"),
+                           "options": ["rbind", "rshared"]})
+    (bundle / "config.json").write_text(json.dumps(spec))
+    vol = top / "vol"
+    script = (f"mount -t tmpfs tmpfs {top} && mount --make-shared {top} && mkdir -p {vol}/in {vol}/out && "
+              f"({sys.executable} -m sandbox.cli --root {tmp_path}/s --driver-root {driver_root} run {bundle} & "
+              f"while ! test -e {vol}/mounted; do sleep 0.05; done; "
+              f"cat {vol}/in/file; grep -c ' {vol}/in ' /proc/self/mountinfo; "
+              f"mount -t tmpfs tmpfs {vol}/out && echo from-host > {vol}/out/file; "
+              f"while ! test -e {vol}/done; do sleep 0.05; done; umount {vol}/out; touch {vol}/unmounted; wait); "
+              f"grep -c ' {vol}/in ' /proc/self/mountinfo; grep -c ' /tmp ' /proc/self/mountinfo")
+    before = mount_table()
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=60)
+    # the container's mount, seen here; the host's, seen there; its unmount, gone here too
+    assert r.stdout.split() == ["from-container", "1", "from-host", "0", "0"], (r.stdout, r.stderr)
     assert mount_table() == before
