@@ -207,6 +207,37 @@ def set_properties(unit: str, properties: list[tuple[str, tuple[str, object]]], 
             _thaw(freezer)
 
 
+def update(unit: str, properties: list[tuple[str, tuple[str, object]]], write, frozen: list[str]) -> None:
+    """``sandbox update`` under the systemd driver, as runc's: the unit's properties, then the
+    cgroup's files (``write``: gofer.cgroups.update, which puts its files back should one
+    fail). The properties are read first and set back should the files fail, so a failed
+    update changes nothing (SetUnitProperties itself checks every property before it applies
+    any). On v1 systemd writes MemoryLimit to memory.limit_in_bytes unordered: refused
+    (logged) where it would pass memory+swap, then written in order with the files."""
+    old = _properties(unit, properties)
+    set_properties(unit, properties, frozen)
+    try:
+        write()
+    except BaseException as e:
+        try:
+            set_properties(unit, old, frozen)
+        except SandboxError as again:
+            raise SandboxError(f"{e}; {unit}'s properties not put back: {again}") from None
+        raise
+
+
+def _properties(unit: str, properties: list[tuple[str, tuple[str, object]]]) -> list[tuple[str, tuple[str, object]]]:
+    """The values ``properties`` have on ``unit`` now, as (name, (signature, value))."""
+    if not properties:
+        return []
+    interface = "org.freedesktop.systemd1." + ("Slice" if unit.endswith(".slice") else "Scope")
+    bus = Bus()
+    try:
+        return [(name, (sig, bus.unit_property(unit, interface, name))) for name, (sig, _) in properties]
+    finally:
+        bus.close()
+
+
 def _thaw(directory: str) -> None:
     from gofer.cgroups.common import write_file
 
@@ -279,6 +310,12 @@ def resource_properties(r, v2: bool) -> list[tuple[str, tuple[str, object]]]:
     mem, cpu, pids = r.memory, r.cpu, r.pids
     if mem is not None and mem.limit:
         out.append(("MemoryMax" if v2 else "MemoryLimit", ("t", mem.limit if mem.limit > 0 else 2**64 - 1)))
+    if mem is not None and v2:  # v1 has no property for memory+swap: its file alone (ordered there)
+        from gofer.cgroups import swap_v2
+
+        swap = swap_v2(mem.swap or 0, mem.limit or 0)
+        if swap is not None:  # (0 too, unlike runc's: systemd re-applies its properties on a reload)
+            out.append(("MemorySwapMax", ("t", 2**64 - 1 if swap == "max" else swap)))
     if cpu is not None:
         if cpu.shares:
             if v2:  # runc's conversion of shares to cgroup v2's weight

@@ -43,16 +43,18 @@ def main(args) -> int:
         check_resources(r)
     except Invalid as e:
         raise BundleError(f"update: {e}") from None
-    from gofer.cgroups import update
+    from gofer import cgroups
 
     if not state.cgroup:
         raise SandboxError(f"container {state.id!r} has no cgroup to update")
+    r = cgroups.merged(state.cgroup, r)  # what runc keeps in its state: the memory limits not given
     if state.systemd_unit:  # the unit's properties first, as runc's systemd driver
-        from gofer import cgroups, systemd
+        from gofer import systemd
 
-        systemd.set_properties(state.systemd_unit, systemd.resource_properties(r, cgroups.unified()),
-                               frozen=state.cgroup if state.status == "running" else [])
-    update(state.cgroup, r)
+        systemd.update(state.systemd_unit, systemd.resource_properties(r, cgroups.unified()),
+                       lambda: cgroups.update(state.cgroup, r), frozen=state.cgroup if state.status == "running" else [])
+    else:
+        cgroups.update(state.cgroup, r)
     return 0
 
 

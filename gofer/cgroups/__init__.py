@@ -21,8 +21,10 @@ import os
 
 from gofer.cgroups.common import (
     ROOT,
+    Journal,
     device_rules,
     hierarchy,
+    merge_memory,
     own_cgroups,
     own_unified,
     unified,
@@ -31,12 +33,12 @@ from gofer.cgroups.common import (
 from gofer.cgroups.embedded import allow_devices
 from gofer.cgroups.remove import Pinned, remove_dirs
 from gofer.cgroups.v1 import CgroupV1, v1_files
-from gofer.cgroups.v2 import CgroupV2, attach_rules, v2_files
+from gofer.cgroups.v2 import CgroupV2, attach_rules, swap_v2, v2_files
 from mounts.errors import SandboxError
 
 __all__ = ["ROOT", "CgroupV1", "CgroupV2", "Pinned", "allow_devices", "attach_rules", "container_cgroup",
-           "device_rules", "devices_enforced", "hierarchy", "own_cgroups", "own_unified", "remove_dirs", "unified",
-           "update", "v1_files", "v2_files", "write_file"]
+           "device_rules", "devices_enforced", "existing", "hierarchy", "merged", "own_cgroups", "own_unified",
+           "remove_dirs", "swap_v2", "unified", "update", "v1_files", "v2_files", "write_file"]
 
 
 def container_cgroup(path: str) -> CgroupV1 | CgroupV2 | None:
@@ -47,24 +49,43 @@ def container_cgroup(path: str) -> CgroupV1 | CgroupV2 | None:
     return cgroup if cgroup.dirs else None
 
 
-def update(dirs: list[str], resources) -> None:
-    """New limits for a container's existing cgroup directories (``sandbox update``), in the
-    same files and conversions as at create; the device rules are not touched."""
+def existing(dirs: list[str]) -> CgroupV1 | CgroupV2:
+    """The container's cgroup from the directories its state names (one per hierarchy)."""
     if unified():
-        d = dirs[0]
-        for name, value, what in v2_files(resources, lambda f: os.path.exists(os.path.join(d, f))):
-            write_file(d, name, str(value), what)
-        return
+        return CgroupV2("", dirs={"unified": dirs[0]})
     by_ctrl = {}
     for d in dirs:
         for ctrl in os.path.basename(hierarchy(d)).split(","):
             by_ctrl[ctrl] = d
-    for ctrl, name, value, what in v1_files(resources):
-        if ctrl not in by_ctrl:
-            raise SandboxError(f"{what}: the container has no {ctrl} cgroup to update")
-        if name in ("blkio.weight", "blkio.leaf_weight") and not os.path.exists(os.path.join(by_ctrl[ctrl], name)):
-            name = "blkio.bfq.weight"  # the BFQ scheduler's name for it (runc's fallback)
-        write_file(by_ctrl[ctrl], name, str(value), what)
+    return CgroupV1("", dirs=by_ctrl)
+
+
+def merged(dirs: list[str], resources):
+    """An update's linux.resources merged with the container's memory limits as they stand
+    (common.merge_memory: runc's update merges into the container's config)."""
+    mem = resources.memory
+    if mem is None or not (mem.limit or mem.swap):
+        return resources
+    import msgspec
+
+    return msgspec.structs.replace(resources, memory=merge_memory(mem, *existing(dirs).memory_now()))
+
+
+def update(dirs: list[str], resources) -> None:
+    """New limits for a container's existing cgroup directories (``sandbox update``, after
+    merged()), in the same files, conversions and order as at create; the device rules are
+    not touched. All or nothing: each file is read before it is written, and should a write
+    fail (a memory limit below what the container uses, a value the kernel refuses), those
+    written are put back, last first."""
+    cgroup = existing(dirs)
+    journal = cgroup.journal = Journal()
+    try:
+        cgroup.limits(resources)
+    except BaseException as e:
+        failed = journal.undo()
+        if failed and isinstance(e, SandboxError):
+            raise SandboxError(f"{e}; could not put back {', '.join(failed)}", op=e.op, path=e.path) from None
+        raise
 
 
 def devices_enforced(dirs) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from gofer.cgroups.common import write_file
+from gofer.cgroups.common import Journal, write_file
 from gofer.cgroups.remove import remove_dirs
 from mounts.errors import SandboxError
 
@@ -19,6 +19,7 @@ class Base:
 
     def __init__(self) -> None:
         self.created: list[str] = []
+        self.journal: Journal | None = None  # an update's: what each write changed, to put back
 
     def missing(self) -> list[str]:
         """The directories create() will make (those not there yet), parents first."""
@@ -57,7 +58,7 @@ class Base:
         return made
 
     def _write(self, d: str, name: str, value: str, what: str = "") -> None:
-        write_file(d, name, value, what)
+        (self.journal.write if self.journal is not None else write_file)(d, name, value, what)
 
     def add(self, pid: int) -> None:
         for d in dict.fromkeys(self.dirs.values()):

@@ -1,6 +1,7 @@
 """What both cgroup layouts share: where the hierarchies are, our own cgroups, the device
-rules a container gets, the directory a cgroupsPath names, writing one file, and the names
-of linux.resources fields both conversions use."""
+rules a container gets, the directory a cgroupsPath names, writing one file (and, for an
+update, putting it back), the memory limits an update merges, and the names of
+linux.resources fields both conversions use."""
 
 from __future__ import annotations
 
@@ -115,6 +116,94 @@ def hierarchy(d: str) -> str:
 def read(path: str) -> str:
     with open(path) as f:
         return f.read().strip()
+
+
+def limit_of(text: str) -> int:
+    """A memory limit file's bytes, -1 for none (v2's "max"; v1's PAGE_COUNTER_MAX pages,
+    9223372036854771712 with 4 KiB pages)."""
+    if text == "max":
+        return -1
+    n = int(text)
+    return -1 if n >= 1 << 62 else n
+
+
+def merge_memory(mem, limit_now: int, memsw_now: int):
+    """linux.resources.memory of an update merged as runc's update merges it into the
+    container's config (which it keeps; our state has none: the cgroup's limits as they stand,
+    ``limit_now`` and ``memsw_now`` in v1's terms, -1 for none, 0 where there is no such
+    file): memory alone keeps the memory+swap limit (on v2 the swap becomes what is left of
+    it), memory+swap alone keeps the memory limit, memory -1 alone lifts both (runc's
+    fix-up). Memory+swap below memory is refused here, before anything is written (on v1 the
+    kernel would refuse it halfway through)."""
+    limit, swap = mem.limit or 0, mem.swap or 0
+    if not (limit or swap):
+        return mem
+    if limit == -1 and not swap:
+        swap = -1
+    limit, swap = limit or limit_now, swap or memsw_now
+    if 0 < swap < limit:
+        if mem.swap:
+            raise SandboxError(f"linux.resources.memory.swap: {swap} is below the memory limit {limit} (it counts "
+                               "memory and swap together)")
+        raise SandboxError(f"linux.resources.memory.limit: {limit} is above the container's memory+swap limit "
+                           f"{swap}: give a new memory+swap limit too (memory.swap, --memory-swap)")
+    import msgspec
+
+    return msgspec.structs.replace(mem, limit=limit or None, swap=swap or None)
+
+
+# The files keyed by a device (an interface, an RDMA device): a write sets one key's entry,
+# put back from the line the file had for that key, or with what means none for it.
+_UNSET = {**{f"blkio.{name}": "0" for name in ("weight_device", "leaf_weight_device", "throttle.read_bps_device",
+                                               "throttle.write_bps_device", "throttle.read_iops_device",
+                                               "throttle.write_iops_device")},
+          "net_prio.ifpriomap": "0", "io.max": "rbps=max wbps=max riops=max wiops=max", "io.weight": "default",
+          "io.bfq.weight": "default", "rdma.max": "hca_handle=max hca_object=max"}
+
+
+def previous(d: str, name: str, value: str) -> str | None:
+    """What puts ``d/name`` back as it is before ``value`` is written to it; None where the
+    file cannot be read (the write will say why) or not as one value."""
+    try:
+        text = read(os.path.join(d, name))
+    except OSError:
+        return None
+    if name in _UNSET:
+        key = value.split(" ", 1)[0] if " " in value else "default"  # io.weight's plain N: "default N"
+        line = next((line for line in text.splitlines() if line.split(" ", 1)[0] == key), None)
+        return line or (f"{key} {_UNSET[name]}" if key != "default" else None)
+    if name == "memory.oom_control":  # "oom_kill_disable N\nunder_oom N ..."
+        return text.split()[1]
+    if "\n" in text:
+        return None
+    return text or "\n"  # (an empty write is no write: v2's cpuset.cpus, empty, is "\n")
+
+
+class Journal:
+    """The files an update wrote, each with what it held before: should a later write fail,
+    they are put back, last first, so that a failed update changes nothing (the kernel's write
+    of one file is all or nothing)."""
+
+    def __init__(self) -> None:
+        self.done: list[tuple[str, str, str | None]] = []
+
+    def write(self, d: str, name: str, value: str, what: str = "") -> None:
+        before = previous(d, name, value)
+        write_file(d, name, value, what)
+        self.done.append((d, name, before))
+
+    def undo(self) -> list[str]:
+        """Put every file written back, last first; returns those that could not be."""
+        failed = []
+        for d, name, before in reversed(self.done):
+            try:
+                if before is None:
+                    raise SandboxError("not readable as one value")
+                write_file(d, name, before)
+            except SandboxError:
+                failed.append(os.path.join(d, name))
+        self.done.clear()
+        return failed
 
 
 THROTTLE = (("throttle_read_bps_device", "read_bps"), ("throttle_write_bps_device", "write_bps"),

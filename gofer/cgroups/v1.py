@@ -1,13 +1,23 @@
 """cgroup v1: one hierarchy per controller under /sys/fs/cgroup (hybrid hosts included):
-the container's cgroup in each, linux.resources as v1's files, the device rules in the
-devices controller."""
+the container's cgroup in each, linux.resources as v1's files (memory and memory+swap in the
+order the kernel takes them), the device rules in the devices controller."""
 
 from __future__ import annotations
 
 import os
 
 from gofer.cgroups.base import Base
-from gofer.cgroups.common import ROOT, THROTTLE, below, camel, device_rules, own_cgroups, rdma, read
+from gofer.cgroups.common import (
+    ROOT,
+    THROTTLE,
+    below,
+    camel,
+    device_rules,
+    limit_of,
+    own_cgroups,
+    rdma,
+    read,
+)
 from mounts.errors import SandboxError
 
 
@@ -38,11 +48,7 @@ class CgroupV1(Base):
     def apply(self, resources, devices) -> None:
         """linux.resources, then the device rules."""
         if resources is not None:
-            for ctrl, name, value, what in v1_files(resources):
-                if ctrl == "blkio" and name in ("blkio.weight", "blkio.leaf_weight") and "blkio" in self.dirs \
-                        and not os.path.exists(os.path.join(self.dirs["blkio"], name)):
-                    name = "blkio.bfq.weight"  # the BFQ scheduler's name for it (runc's fallback)
-                self.set(ctrl, name, value, what)
+            self.limits(resources)
         if "devices" not in self.dirs:
             return
         for rule in device_rules(resources, devices):
@@ -56,17 +62,78 @@ class CgroupV1(Base):
         if "devices" in self.dirs:
             self.set("devices", "devices.allow", f"c {major}:{minor} rw")
 
+    def limits(self, resources) -> None:
+        """linux.resources' files (create's, and update's with a journal)."""
+        mem = resources.memory
+        now = self.memory_now() if mem is not None and (mem.limit or mem.swap) else (-1, -1)
+        for ctrl, name, value, what in v1_files(resources, now):
+            if ctrl == "blkio" and name in ("blkio.weight", "blkio.leaf_weight") and "blkio" in self.dirs \
+                    and not os.path.exists(os.path.join(self.dirs["blkio"], name)):
+                name = "blkio.bfq.weight"  # the BFQ scheduler's name for it (runc's fallback)
+            try:
+                self.set(ctrl, name, value, what)
+            except SandboxError:
+                if name == "memory.limit_in_bytes" and "memory" in self.dirs:
+                    _too_low(self.dirs["memory"], value, what)
+                raise
 
-def v1_files(r) -> list[tuple[str, str, object, str]]:
-    """(controller, file, value, spec field) for linux.resources on v1, in runc's order."""
+    def memory_now(self) -> tuple[int, int]:
+        """The memory cgroup's limit and memory+swap limit as they stand: -1 for none, memsw 0
+        where the kernel accounts no swap (no file). No memory cgroup: a new one's (the
+        writes will name what is missing)."""
+        d = self.dirs.get("memory")
+        try:
+            limit = limit_of(read(os.path.join(d, "memory.limit_in_bytes"))) if d else -1
+        except FileNotFoundError:
+            return -1, -1
+        try:
+            return limit, limit_of(read(os.path.join(d, "memory.memsw.limit_in_bytes"))) if d else -1
+        except FileNotFoundError:
+            return limit, 0
+
+
+def _too_low(d: str, value, what: str) -> None:
+    """A memory limit the kernel refused: below what the container uses (EBUSY: it could not
+    reclaim enough) is said so, as runc says it."""
+    try:
+        usage, peak = (int(read(os.path.join(d, f))) for f in ("memory.usage_in_bytes", "memory.max_usage_in_bytes"))
+    except (OSError, ValueError):
+        return
+    if 0 < int(value) < usage:
+        path = os.path.join(d, "memory.limit_in_bytes")
+        raise SandboxError(f"{what}: {path}: cannot set the limit to {value}: the container uses {usage} "
+                           f"(peak {peak})", op="cgroup", path=path) from None
+
+
+def memory_v1(mem, limit_now: int, memsw_now: int) -> list[tuple[str, str, object, str]]:
+    """memory.limit_in_bytes and memory.memsw.limit_in_bytes in the order the kernel takes them
+    (runc's setMemoryAndSwap): it keeps memory <= memory+swap at every write, so a memory+swap
+    limit above the memory limit as it stands (``limit_now``, -1 for none) goes first, any
+    other last. Memory -1 alone lifts memory+swap too where the kernel accounts swap
+    (``memsw_now``: the memory+swap limit, 0 where there is no such file)."""
+    where = "linux.resources.memory"
+    limit, swap = mem.limit or 0, mem.swap or 0  # 0 is unset (runc's rule: engines send zeros for what nobody asked)
+    if limit == -1 and not swap and memsw_now:
+        swap = -1
+    if swap and not memsw_now:
+        raise SandboxError(f"{where}.swap: this kernel accounts no swap (no memory.memsw.limit_in_bytes; it "
+                           "takes swapaccount=1 on its command line): no memory+swap limit can be set")
+    pair = [("memory", "memory.limit_in_bytes", limit, f"{where}.limit"),
+            ("memory", "memory.memsw.limit_in_bytes", swap, f"{where}.swap")]
+    if limit and swap and (swap == -1 or -1 < limit_now < swap):
+        pair.reverse()
+    return [p for p in pair if p[2]]
+
+
+def v1_files(r, memory_now: tuple[int, int] = (-1, -1)) -> list[tuple[str, str, object, str]]:
+    """(controller, file, value, spec field) for linux.resources on v1, in runc's order;
+    ``memory_now``: the memory cgroup's limits as they stand (memory_v1; a new cgroup's)."""
     out = []
     mem = r.memory
     if mem is not None:
-        for name, value, field in (("memory.limit_in_bytes", mem.limit, "limit"),
-                                   ("memory.soft_limit_in_bytes", mem.reservation, "reservation"),
-                                   ("memory.memsw.limit_in_bytes", mem.swap, "swap")):
-            if value:  # 0 is unset (runc's rule: engines send zeros for what nobody asked)
-                out.append(("memory", name, value, f"linux.resources.memory.{field}"))
+        out += memory_v1(mem, *memory_now)
+        if mem.reservation:
+            out.append(("memory", "memory.soft_limit_in_bytes", mem.reservation, "linux.resources.memory.reservation"))
         if mem.swappiness is not None and mem.swappiness != -1:
             out.append(("memory", "memory.swappiness", mem.swappiness, "linux.resources.memory.swappiness"))
         if mem.disable_oom_killer:

@@ -7,7 +7,17 @@ from __future__ import annotations
 import os
 
 from gofer.cgroups.base import Base
-from gofer.cgroups.common import ROOT, THROTTLE, below, camel, device_rules, own_unified, rdma, read
+from gofer.cgroups.common import (
+    ROOT,
+    THROTTLE,
+    below,
+    camel,
+    device_rules,
+    limit_of,
+    own_unified,
+    rdma,
+    read,
+)
 from gofer.devfilter import Rule
 from mounts.errors import SandboxError
 
@@ -42,8 +52,7 @@ class CgroupV2(Base):
     def apply(self, resources, devices) -> None:
         d = self.dirs["unified"]
         if resources is not None:
-            for name, value, what in v2_files(resources, lambda f: os.path.exists(os.path.join(d, f))):
-                self._write(d, name, str(value), what)
+            self.limits(resources)
         self.rules = device_rules(resources, devices)
         if d not in self.created and _programs(d):
             # a cgroup that existed may hold an earlier container's program, which would judge
@@ -52,6 +61,27 @@ class CgroupV2(Base):
 
     def allow(self, major: int, minor: int) -> None:
         self.rules.append(Rule(True, "c", major, minor, "rw"))
+
+    def limits(self, resources) -> None:
+        """linux.resources' files (create's, and update's with a journal)."""
+        d = self.dirs["unified"]
+        for name, value, what in v2_files(resources, lambda f: os.path.exists(os.path.join(d, f))):
+            self._write(d, name, str(value), what)
+
+    def memory_now(self) -> tuple[int, int]:
+        """The memory and memory+swap limits as they stand, in v1's terms (what runc's config
+        would hold: memory.max plus memory.swap.max; the swap alone under no memory limit): -1
+        for none, 0 where there is no such file (no memory controller; no swap accounting)."""
+        d = self.dirs["unified"]
+        try:
+            limit = limit_of(read(os.path.join(d, "memory.max")))
+        except FileNotFoundError:
+            return 0, 0
+        try:
+            swap = limit_of(read(os.path.join(d, "memory.swap.max")))
+        except FileNotFoundError:
+            return limit, 0
+        return limit, swap if swap == -1 or limit == -1 else limit + swap
 
     def seal(self) -> None:
         """Load the device program for every rule and attach it to the container's cgroup
@@ -66,12 +96,14 @@ def v2_files(r, exists) -> list[tuple[str, object, str]]:
     mem = r.memory
     if mem is not None:
         where = "linux.resources.memory"
-        if mem.limit:  # 0 is unset, as on v1
+        # the swap first, as runc writes them (v2 has no order between the two to keep)
+        swap = swap_v2(mem.swap or 0, mem.limit or 0)  # 0 is unset, as on v1
+        if swap is not None and (swap not in ("max", 0) or exists("memory.swap.max")):  # (runc: none to lift)
+            out.append(("memory.swap.max", swap, f"{where}.swap"))
+        if mem.limit:
             out.append(("memory.max", "max" if mem.limit < 0 else mem.limit, f"{where}.limit"))
         if mem.reservation:
             out.append(("memory.low", "max" if mem.reservation < 0 else mem.reservation, f"{where}.reservation"))
-        if mem.swap:
-            out.append(("memory.swap.max", _swap_v2(mem.swap, mem.limit), f"{where}.swap"))
         if mem.swappiness is not None and mem.swappiness != -1:
             raise SandboxError(f"{where}.swappiness: cgroup v2 has no swappiness (as under runc, set it "
                                "only on v1 hosts)")
@@ -122,11 +154,17 @@ def v2_files(r, exists) -> list[tuple[str, object, str]]:
     return out
 
 
-def _swap_v2(swap: int, limit: int | None) -> int | str:
-    """The spec's swap is memory+swap (v1's memsw); v2's memory.swap.max is the swap alone."""
-    if swap < 0:
+def swap_v2(swap: int, limit: int) -> int | str | None:
+    """The spec's swap is memory+swap (v1's memsw), v2's memory.swap.max the swap alone (runc's
+    conversion; 0 is unset, None nothing to write): memory -1 alone lifts the swap too, and
+    under no memory limit the swap is taken as it is."""
+    if (limit == -1 and not swap) or swap == -1:
         return "max"
-    if limit is None or limit <= 0:
+    if not swap:
+        return None
+    if limit == -1:
+        return swap
+    if limit <= 0:
         raise SandboxError("linux.resources.memory.swap: a swap limit needs a memory limit")
     if swap < limit:
         raise SandboxError(f"linux.resources.memory.swap: {swap} is below the memory limit {limit} "

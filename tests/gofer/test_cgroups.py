@@ -7,7 +7,10 @@ import json
 import pytest
 
 from gofer.cgroups import device_rules, v1_files, v2_files
+from gofer.cgroups.common import merge_memory
+from gofer.cgroups.v1 import memory_v1
 from gofer.devfilter import Rule, allow_first, program
+from gofer.systemd import resource_properties
 from mounts.bundle import parse_spec
 from mounts.errors import BundleError, SandboxError
 
@@ -18,15 +21,20 @@ def resources(**r):
 
 
 def v2(**r) -> dict[str, object]:
-    return {name: value for name, value, _ in v2_files(resources(**r), lambda f: False)}
+    return {name: value for name, value, _ in v2_files(resources(**r), lambda f: f == "memory.swap.max")}
+
+
+MiB = 1 << 20
 
 
 @pytest.mark.parametrize("r,files", [
     ({"memory": {"limit": 67108864}}, {"memory.max": 67108864}),
-    ({"memory": {"limit": -1}}, {"memory.max": "max"}),
     ({"memory": {"limit": 100, "swap": 300, "reservation": 50}}, {"memory.max": 100, "memory.swap.max": 200,
                                                                   "memory.low": 50}),
     ({"memory": {"limit": 100, "swap": -1}}, {"memory.max": 100, "memory.swap.max": "max"}),
+    ({"memory": {"limit": 100, "swap": 100}}, {"memory.max": 100, "memory.swap.max": 0}),
+    ({"memory": {"limit": -1}}, {"memory.max": "max", "memory.swap.max": "max"}),
+    ({"memory": {"limit": -1, "swap": 300}}, {"memory.max": "max", "memory.swap.max": 300}),
     ({"cpu": {"shares": 1024}}, {"cpu.weight": 39}),
     ({"cpu": {"shares": 2}}, {"cpu.weight": 1}),
     ({"cpu": {"shares": 262144}}, {"cpu.weight": 10000}),
@@ -114,3 +122,83 @@ def test_program_shapes():
     tail = program([Rule(False)])
     joined = allow_first([Rule(True, "c", 195, 0)], tail)
     assert joined.endswith(tail) and len(joined) == len(tail) + 6 * 8 + (3 + 2) * 8  # prologue, type major minor, verdict
+
+
+@pytest.mark.parametrize("memory,now,files", [
+    # a new cgroup (memory and memory+swap unlimited): memory first
+    ({"limit": 64 * MiB, "swap": 64 * MiB}, (-1, -1), [("limit", 64 * MiB), ("memsw", 64 * MiB)]),
+    # raised above the memory limit as it stands: memory+swap first
+    ({"limit": 128 * MiB, "swap": 128 * MiB}, (64 * MiB, 64 * MiB), [("memsw", 128 * MiB), ("limit", 128 * MiB)]),
+    ({"limit": 128 * MiB, "swap": -1}, (64 * MiB, 64 * MiB), [("memsw", -1), ("limit", 128 * MiB)]),
+    # lowered: memory first, memory+swap last
+    ({"limit": 32 * MiB, "swap": 48 * MiB}, (128 * MiB, 128 * MiB), [("limit", 32 * MiB), ("memsw", 48 * MiB)]),
+    ({"limit": 32 * MiB, "swap": 64 * MiB}, (64 * MiB, 128 * MiB), [("limit", 32 * MiB), ("memsw", 64 * MiB)]),
+    # no swap limit: memory alone; -1 alone lifts memory+swap too, where the kernel has it
+    ({"limit": 32 * MiB}, (64 * MiB, -1), [("limit", 32 * MiB)]),
+    ({"limit": -1}, (64 * MiB, 64 * MiB), [("memsw", -1), ("limit", -1)]),
+    ({"limit": -1}, (64 * MiB, 0), [("limit", -1)]),
+    ({"limit": 96 * MiB, "swap": 0, "reservation": 0}, (64 * MiB, 0), [("limit", 96 * MiB)]),
+])
+def test_v1_memory_and_swap_in_the_order_the_kernel_takes_them(memory, now, files):
+    """runc's setMemoryAndSwap: v1 keeps memory <= memory+swap at every write."""
+    names = {"memory.limit_in_bytes": "limit", "memory.memsw.limit_in_bytes": "memsw"}
+    got = [(names[f], v) for _, f, v, _ in memory_v1(resources(memory=memory).memory, *now)]
+    assert got == files
+    assert [(names.get(f, f), v) for _, f, v, _ in v1_files(resources(memory=memory), now)] == files
+
+
+def test_v1_swap_without_swap_accounting_is_one_line():
+    with pytest.raises(SandboxError, match="accounts no swap"):
+        memory_v1(resources(memory={"limit": 64 * MiB, "swap": 128 * MiB}).memory, 32 * MiB, 0)
+
+
+@pytest.mark.parametrize("update,now,merged", [
+    # both given: as they are
+    ({"limit": 128 * MiB, "swap": 128 * MiB}, (64 * MiB, 64 * MiB), (128 * MiB, 128 * MiB)),
+    # memory alone keeps memory+swap (runc keeps the container's config): v1's file stays,
+    # v2's swap becomes what is left of it
+    ({"limit": 40 * MiB}, (32 * MiB, 48 * MiB), (40 * MiB, 48 * MiB)),
+    ({"limit": 40 * MiB}, (32 * MiB, -1), (40 * MiB, -1)),
+    ({"limit": 40 * MiB}, (32 * MiB, 0), (40 * MiB, None)),
+    # memory+swap alone keeps memory
+    ({"swap": 256 * MiB}, (40 * MiB, 48 * MiB), (40 * MiB, 256 * MiB)),
+    # -1 alone lifts both
+    ({"limit": -1}, (40 * MiB, 48 * MiB), (-1, -1)),
+    ({"reservation": 1}, (40 * MiB, 48 * MiB), (None, None)),
+])
+def test_an_update_merges_the_memory_limits_as_runc(update, now, merged):
+    m = merge_memory(resources(memory=update).memory, *now)
+    assert (m.limit, m.swap) == merged
+
+
+@pytest.mark.parametrize("update,now,message", [
+    ({"limit": 64 * MiB}, (40 * MiB, 48 * MiB), "above the container's memory\\+swap limit 50331648"),
+    ({"limit": 96 * MiB, "swap": 80 * MiB}, (64 * MiB, 128 * MiB), "80 is below the memory limit"),
+    ({"swap": 32 * MiB}, (64 * MiB, 128 * MiB), "is below the memory limit 67108864"),
+])
+def test_an_update_below_memory_plus_swap_is_refused_before_any_write(update, now, message):
+    with pytest.raises(SandboxError, match=message):
+        merge_memory(resources(memory=update).memory, *now)
+
+
+def test_v2_writes_the_swap_first_and_lifts_none_it_has_not():
+    """runc's order on v2; a host without swap accounting (no memory.swap.max) is asked to
+    lift or disable none (runc ignores those), but a swap limit it cannot set is an error."""
+    files = [f for f, _, _ in v2_files(resources(memory={"limit": 64 * MiB, "swap": 128 * MiB, "reservation": 1}),
+                                       lambda f: True)]
+    assert files == ["memory.swap.max", "memory.max", "memory.low"]
+    for memory in ({"limit": -1}, {"limit": 64 * MiB, "swap": 64 * MiB}, {"limit": 64 * MiB, "swap": -1}):
+        assert [f for f, _, _ in v2_files(resources(memory=memory), lambda f: False)] == ["memory.max"]
+    assert [f for f, _, _ in v2_files(resources(memory={"limit": 1, "swap": 2}), lambda f: False)] == [
+        "memory.swap.max", "memory.max"]
+
+
+@pytest.mark.parametrize("memory,v2,props", [
+    ({"limit": 64 * MiB, "swap": 128 * MiB}, True, {"MemoryMax": 64 * MiB, "MemorySwapMax": 64 * MiB}),
+    ({"limit": 64 * MiB, "swap": 64 * MiB}, True, {"MemoryMax": 64 * MiB, "MemorySwapMax": 0}),
+    ({"limit": -1}, True, {"MemoryMax": 2**64 - 1, "MemorySwapMax": 2**64 - 1}),
+    ({"limit": 64 * MiB}, True, {"MemoryMax": 64 * MiB}),
+    ({"limit": 64 * MiB, "swap": 128 * MiB}, False, {"MemoryLimit": 64 * MiB}),  # v1: memsw is a file only
+])
+def test_systemd_memory_properties(memory, v2, props):
+    assert {k: v for k, (_, v) in resource_properties(resources(memory=memory), v2)} == props

@@ -385,3 +385,137 @@ def test_update_changes_the_limits_and_keeps_the_device_rules(make_bundle, tmp_p
         subprocess.run([*cli, "delete", "--force", "up1"], timeout=60)
     r = subprocess.run([*cli, "update", "--memory", "1g", "up1"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "does not exist" in r.stderr
+
+
+def _memory(rel: str) -> tuple[int, int]:
+    d = f"/sys/fs/cgroup/memory/{rel}"
+    return tuple(int(open(f"{d}/memory.{f}limit_in_bytes").read()) for f in ("", "memsw."))  # type: ignore[return-value]
+
+
+def _updating(make_bundle, tmp_path, args, memory, cid):
+    """A running container made with ``memory`` (linux.resources.memory), its cli and cgroup."""
+    if not os.path.exists("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes"):
+        pytest.skip("this kernel accounts no swap (memory.memsw.*): swapaccount=1")
+    bundle = make_bundle(args)
+    spec = json.loads((bundle / "config.json").read_text())
+    rel = f"sandbox-resize-{os.getpid()}-{cid}"
+    spec["linux"]["cgroupsPath"] = "/" + rel
+    spec["linux"]["resources"] = {"memory": memory}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    cli = [sys.executable, "-m", "sandbox.cli", "--root", str(tmp_path / "s")]
+    assert subprocess.run([*cli, "run", "-d", "-b", str(bundle), cid], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60).returncode == 0
+    return cli, rel
+
+
+def _update(cli, cid, *args, resources=None):
+    return subprocess.run([*cli, "update", *(["-r", "-"] if resources else []), *args, cid], capture_output=True,
+                          text=True, timeout=60, input=json.dumps(resources) if resources else None)
+
+
+def test_update_resizes_memory_with_a_swap_limit_as_runc(make_bundle, tmp_path):
+    """kubelet's resize (crictl update: containerd's UpdateContainerResources, memory+swap set
+    to the limit) of a running container: on v1 the kernel keeps memory <= memory+swap at every
+    write, so memory.memsw.limit_in_bytes goes first when raised and last when lowered (runc's
+    setMemoryAndSwap). Memory alone keeps the memory+swap limit (runc keeps the container's
+    config and merges the update into it), and refuses a limit above it; -1 alone lifts both."""
+    cli, rel = _updating(make_bundle, tmp_path, ["sleep", "300"], {"limit": 64 << 20, "swap": 64 << 20}, "rs1")
+    try:
+        assert _memory(rel) == (64 << 20, 64 << 20)
+        r = _update(cli, "rs1", resources={"memory": {"limit": 128 << 20, "swap": 128 << 20}})
+        assert r.returncode == 0, r.stderr
+        assert _memory(rel) == (128 << 20, 128 << 20)
+        r = _update(cli, "rs1", "--memory", "32m", "--memory-swap", "48m")
+        assert r.returncode == 0, r.stderr
+        assert _memory(rel) == (32 << 20, 48 << 20)
+        r = _update(cli, "rs1", "--memory", "40m")
+        assert r.returncode == 0, r.stderr
+        assert _memory(rel) == (40 << 20, 48 << 20)
+        r = _update(cli, "rs1", "--memory", "64m")
+        assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert "memory+swap limit" in r.stderr, r.stderr
+        assert _memory(rel) == (40 << 20, 48 << 20)
+        r = _update(cli, "rs1", "--memory-swap", "256m")
+        assert r.returncode == 0, r.stderr
+        assert _memory(rel) == (40 << 20, 256 << 20)
+        r = _update(cli, "rs1", "--memory", "-1")
+        assert r.returncode == 0, r.stderr
+        unlimited = int(open("/sys/fs/cgroup/memory/memory.limit_in_bytes").read())
+        assert _memory(rel) == (unlimited, unlimited)
+        r = _update(cli, "rs1", resources={"memory": {"limit": 96 << 20, "swap": 96 << 20}})
+        assert r.returncode == 0, r.stderr
+        assert _memory(rel) == (96 << 20, 96 << 20)
+    finally:
+        subprocess.run([*cli, "delete", "--force", "rs1"], timeout=60)
+    assert not os.path.exists(f"/sys/fs/cgroup/memory/{rel}")
+
+
+def test_a_failed_update_changes_nothing(make_bundle, tmp_path):
+    """The container holds 40 MiB (a file in its /dev/shm: no swap here to move it to). A
+    memory limit below that is refused by the kernel (EBUSY) after the raised memory+swap
+    limit went in first, which is put back; a value the kernel refuses after the memory
+    limits went in (a CFS quota under 1 ms) puts them back; memory+swap below memory is
+    refused before anything is written."""
+    fill = "head -c 41943040 /dev/zero > /dev/shm/fill && exec sleep 300"
+    cli, rel = _updating(make_bundle, tmp_path, ["sh", "-c", fill], {"limit": 64 << 20, "swap": 128 << 20}, "rs2")
+    cpu = f"/sys/fs/cgroup/cpu/{rel}/cpu.cfs_quota_us"
+    try:
+        for _ in range(300):
+            if int(open(f"/sys/fs/cgroup/memory/{rel}/memory.usage_in_bytes").read()) >= 40 << 20:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the container did not fill its /dev/shm")
+        quota = open(cpu).read()
+        r = _update(cli, "rs2", "--memory", "32m", "--memory-swap", "256m")
+        assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert "uses" in r.stderr and "memory.limit_in_bytes" in r.stderr, r.stderr
+        assert _memory(rel) == (64 << 20, 128 << 20)
+        r = _update(cli, "rs2", "--memory", "96m", "--memory-swap", "192m", "--cpu-quota", "500")
+        assert r.returncode == 1 and "cpu.cfs_quota_us" in r.stderr, r.stderr
+        assert _memory(rel) == (64 << 20, 128 << 20) and open(cpu).read() == quota
+        r = _update(cli, "rs2", "--memory", "96m", "--memory-swap", "80m")
+        assert r.returncode == 1 and "below the memory limit" in r.stderr, r.stderr
+        assert _memory(rel) == (64 << 20, 128 << 20)
+        # a device's throttle (a line of a file keyed by device), then a hugepage limit this
+        # host has no controller for: the memory, pids and throttle lines as they were
+        with open("/proc/partitions") as f:
+            major, minor = f.read().splitlines()[2].split()[:2]
+        throttle = f"/sys/fs/cgroup/blkio/{rel}/blkio.throttle.read_bps_device"
+        pids = f"/sys/fs/cgroup/pids/{rel}/pids.max"
+        before = open(throttle).read(), open(pids).read()
+        r = _update(cli, "rs2", resources={
+            "memory": {"limit": 96 << 20, "swap": 192 << 20}, "pids": {"limit": 77},
+            "blockIO": {"throttleReadBpsDevice": [{"major": int(major), "minor": int(minor), "rate": 1 << 20}]},
+            "hugepageLimits": [{"pageSize": "3MB", "limit": 1 << 20}]})
+        assert r.returncode == 1 and "hugepageLimits" in r.stderr, r.stderr
+        assert _memory(rel) == (64 << 20, 128 << 20) and (open(throttle).read(), open(pids).read()) == before
+    finally:
+        subprocess.run([*cli, "delete", "--force", "rs2"], timeout=60)
+    assert not os.path.exists(f"/sys/fs/cgroup/memory/{rel}")
+
+
+def test_create_in_an_existing_cgroup_orders_memory_and_swap_too(make_bundle, tmp_path):
+    """create writes its limits in update's order: a cgroupsPath naming a memory cgroup that
+    exists with 32 MiB of memory and memory+swap takes 128 MiB of both, memory+swap first
+    (and keeps them: the cgroup was not the container's to remove)."""
+    if not os.path.exists("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes"):
+        pytest.skip("this kernel accounts no swap (memory.memsw.*): swapaccount=1")
+    rel = f"sandbox-existing-{os.getpid()}"
+    d = f"/sys/fs/cgroup/memory/{rel}"
+    os.mkdir(d)
+    try:
+        for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
+            with open(f"{d}/{name}", "w") as f:
+                f.write(str(32 << 20))
+        bundle = make_bundle(["true"])
+        spec = json.loads((bundle / "config.json").read_text())
+        spec["linux"]["cgroupsPath"] = "/" + rel
+        spec["linux"]["resources"] = {"memory": {"limit": 128 << 20, "swap": 128 << 20}}
+        (bundle / "config.json").write_text(json.dumps(spec))
+        r = sandbox("run", bundle, "--root", tmp_path / "s")
+        assert r.returncode == 0, r.stderr
+        assert _memory(rel) == (128 << 20, 128 << 20)
+    finally:
+        os.rmdir(d)
+    assert not os.path.exists(f"/sys/fs/cgroup/pids/{rel}")

@@ -189,14 +189,20 @@ def test_exec_sync(cri, pods, fail, handler):
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_update_container_resources(cri, pods, fail, handler):
     """UpdateContainerResources (kubelet's in-place resize): 128 MiB becomes 64 MiB in the
-    container's own memory cgroup."""
+    container's own memory cgroup, then 256 MiB. containerd sets memory+swap to the limit
+    where the kernel accounts swap: raised, v1's memsw must go first (runc's order)."""
     pod = pods("update", handler)
     cid = _run(cri, fail, pod, "update", ["sleep", "1000"], memory=128 * MiB)
     pid = cri.container_info(cid)["pid"]
     limit = _memory_cgroup(pid) / "memory.limit_in_bytes"
+    memsw = limit.with_name("memory.memsw.limit_in_bytes")
     assert int(limit.read_text()) == 128 * MiB, limit
     _call(fail, lambda: cri.update_resources(cid, memory=64 * MiB), cid)
     assert int(limit.read_text()) == 64 * MiB, limit
+    _call(fail, lambda: cri.update_resources(cid, memory=256 * MiB), cid)
+    assert int(limit.read_text()) == 256 * MiB, limit
+    if memsw.exists():
+        assert int(memsw.read_text()) == 256 * MiB, memsw
 
 
 @pytest.mark.parametrize("handler", HANDLERS)

@@ -176,3 +176,37 @@ def test_a_served_create_under_the_systemd_driver(make_bundle, tmp_path):
     assert {"ActiveState=active", f"MemoryLimit={64 << 20}", "TasksMax=100", "LoadState=not-found"} <= set(lines), \
         r.stdout
     assert any(w.startswith("scope=") and w[6:].isdigit() and int(w[6:]) > 0 for w in lines), r.stdout
+
+
+def test_a_resize_with_a_swap_limit_under_the_systemd_driver(make_bundle, tmp_path):
+    """kubelet's resize under runc's systemd driver on v1: MemoryLimit on the unit (systemd's
+    own write of it, unordered, is refused where it would pass memory+swap), then the files
+    in the order the kernel takes them; a failed update (a memory limit below the 20 MiB the
+    container holds in its /dev/shm, after memory+swap was raised) puts back the files and
+    the unit's MemoryLimit."""
+    fill = "head -c 20971520 /dev/zero > /dev/shm/fill && exec sleep 300"
+    bundle = _bundle(make_bundle, ["sh", "-c", fill], path="system.slice:demo:r1")
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"]["resources"]["memory"] = {"limit": 64 << 20, "swap": 64 << 20}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    sb = f"{PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s"
+    m = "/sys/fs/cgroup/memory/system.slice/demo-r1.scope"
+    show = f"echo $(cat {m}/memory.limit_in_bytes {m}/memory.memsw.limit_in_bytes) " \
+           "$(systemctl show demo-r1.scope -p MemoryLimit --value)"
+    r = under_systemd(f"""
+        {sb} run -d -b {bundle} r1 </dev/null >/dev/null 2>&1
+        for i in $(seq 1 100); do [ $(cat {m}/memory.usage_in_bytes) -ge 20971520 ] && break; sleep 0.05; done
+        {show}
+        echo '{{"memory": {{"limit": 134217728, "swap": 134217728}}}}' | {sb} update -r - r1
+        {show}
+        {sb} update --memory 32m --memory-swap 48m r1
+        {show}
+        {sb} update --memory 16m --memory-swap 256m r1 2>{tmp_path}/err && echo UPDATED
+        {show}
+        {sb} delete --force r1
+    """)
+    assert r.returncode == 0, r.stderr
+    sizes = [tuple(int(v) for v in line.split()) for line in r.stdout.splitlines()]
+    assert sizes == [(64 << 20,) * 3, (128 << 20,) * 3, (32 << 20, 48 << 20, 32 << 20),
+                     (32 << 20, 48 << 20, 32 << 20)], r.stdout
+    assert "the container uses" in (tmp_path / "err").read_text()
