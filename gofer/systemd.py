@@ -160,30 +160,60 @@ class SystemdError(SandboxError):
         self.name = name
 
 
-def start_scope(unit: str, slice_: str, pid: int, properties: list[tuple[str, tuple[str, object]]]) -> str:
-    """StartTransientUnit, then wait until it is active; returns its cgroup (as systemd's
-    ControlGroup property names it, relative to the hierarchies' roots)."""
-    bus = Bus()
-    try:
-        kind = "Slice" if unit.endswith(".slice") else "Scope"
-        props = [("Description", ("s", f"sandbox container {unit}")), ("Slice", ("s", slice_)),
-                 ("DefaultDependencies", ("b", False)), ("Delegate", ("b", True)),
-                 ("MemoryAccounting", ("b", True)), ("CPUAccounting", ("b", True)),
-                 ("TasksAccounting", ("b", True)), ("IOAccounting", ("b", True)), *properties]
-        if kind == "Scope":
-            props.append(("PIDs", ("au", [pid])))
-        bus.call("StartTransientUnit", "ssa(sv)a(sa(sv))", unit, "replace", props, [], what=unit)
-        deadline = time.monotonic() + JOB_TIMEOUT
-        while True:
+UNIT_EXISTS = "org.freedesktop.systemd1.UnitExists"
+
+
+def start_unit(bus: Bus, unit: str, slice_: str, pid: int, properties: list[tuple[str, tuple[str, object]]]) -> None:
+    """StartTransientUnit. A unit of that name that is there already is never ours to join or
+    to stop: one left behind failed (no process in it) is reset and the start tried once
+    more, as runc 1.2 does; any other is refused, and left as it is. (runc 1.1 joined it with
+    a warning and its delete then stopped it, killing its owner's processes; runc 1.2 refuses
+    it: opencontainers/runc#3780, #3782. Joined, its processes would get our device rules
+    and limits, and systemd would rewrite ours from its owner's properties on any reload.)"""
+    kind = "Slice" if unit.endswith(".slice") else "Scope"
+    props = [("Description", ("s", f"sandbox container {unit}")), ("Slice", ("s", slice_)),
+             ("DefaultDependencies", ("b", False)), ("Delegate", ("b", True)),
+             ("MemoryAccounting", ("b", True)), ("CPUAccounting", ("b", True)),
+             ("TasksAccounting", ("b", True)), ("IOAccounting", ("b", True)), *properties]
+    if kind == "Scope":
+        props.append(("PIDs", ("au", [pid])))
+    for retry in (True, False):
+        try:
+            bus.call("StartTransientUnit", "ssa(sv)a(sa(sv))", unit, "replace", props, [], what=unit)
+            return
+        except SystemdError as e:
+            if e.name != UNIT_EXISTS:
+                raise
+        try:
             state = bus.unit_property(unit, "org.freedesktop.systemd1.Unit", "ActiveState")
-            if state == "active":
-                break
-            if state == "failed" or time.monotonic() > deadline:
-                raise SandboxError(f"systemd: {unit} is {state}, not active")
-            time.sleep(0.001)
-        return bus.unit_property(unit, f"org.freedesktop.systemd1.{kind}", "ControlGroup")
-    finally:
-        bus.close()
+        except SystemdError:
+            state = "gone"  # (since: try again)
+        if retry and state in ("failed", "gone"):
+            if state == "failed":
+                try:
+                    bus.call("ResetFailedUnit", "s", unit, what=unit, timeout=5)
+                except SystemdError:
+                    pass
+            continue
+        raise SandboxError(f"linux.cgroupsPath: the systemd unit {unit} already exists ({state}): it is not this "
+                           "container's, and is left as it is (a container gets a unit of its own)", op="systemd")
+
+
+def wait_active(bus: Bus, unit: str) -> tuple[str, str]:
+    """Wait until the unit we started is active: (its cgroup, as systemd's ControlGroup
+    property names it, relative to the hierarchies' roots; its InvocationID, in hex: what
+    tells this start of the unit from any later unit of the same name)."""
+    kind = "Slice" if unit.endswith(".slice") else "Scope"
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while True:
+        state = bus.unit_property(unit, "org.freedesktop.systemd1.Unit", "ActiveState")
+        if state == "active":
+            break
+        if state == "failed" or time.monotonic() > deadline:
+            raise SandboxError(f"systemd: {unit} is {state}, not active")
+        time.sleep(0.001)
+    group = bus.unit_property(unit, f"org.freedesktop.systemd1.{kind}", "ControlGroup")
+    return group, bytes(bus.unit_property(unit, "org.freedesktop.systemd1.Unit", "InvocationID")).hex()
 
 
 def set_properties(unit: str, properties: list[tuple[str, tuple[str, object]]], frozen: list[str] | None = None) -> None:
@@ -268,13 +298,18 @@ def _freeze(directory: str) -> bool:
     return False
 
 
-def stop(unit: str) -> None:
-    """StopUnit and forget a failed state; a unit already gone (a scope goes by itself when
-    its last process does) is fine."""
+def stop(unit: str, invocation: str | None) -> None:
+    """StopUnit and forget a failed state, of the unit we started: ``invocation``, its
+    InvocationID (None: the unit this very process started). A unit already gone (a scope
+    goes by itself when its last process does) is fine; one of the same name started since
+    is someone else's, and is left alone."""
     bus = Bus()
     try:
         try:
             state = bus.unit_property(unit, "org.freedesktop.systemd1.Unit", "ActiveState")
+            if invocation is not None and bytes(bus.unit_property(
+                    unit, "org.freedesktop.systemd1.Unit", "InvocationID")).hex() != invocation:
+                return
         except SystemdError:
             return  # no such unit: gone already
         if state not in ("inactive", "failed"):
@@ -396,12 +431,14 @@ class SystemdCgroup:
         self.resources = self.devices = None
         self.fs: cgroups.CgroupV1 | cgroups.CgroupV2 | None = None
         self.gpu_nodes: list[tuple[int, int]] = []
+        self.started = False  # the unit is ours: we started it (a unit that was there is never ours)
+        self.invocation = ""  # its InvocationID (hex), once it is active: what delete checks before it stops it
 
     def missing(self) -> list[str]:
         return []
 
     def members(self) -> list[int]:
-        return []  # a unit that exists already fails to start ("UnitExists")
+        return []  # a unit that exists already is refused at add() (start_unit)
 
     def create(self) -> None:
         pass  # at add(): systemd makes the cgroup with the process in it
@@ -413,9 +450,15 @@ class SystemdCgroup:
         from gofer import cgroups
 
         rules = cgroups.device_rules(self.resources, self.devices)
-        group = start_scope(self.unit, self.slice, pid,
-                            resource_properties(self.resources, self.v2) + device_properties(rules))
         try:
+            bus = Bus()
+            try:
+                start_unit(bus, self.unit, self.slice, pid,
+                           resource_properties(self.resources, self.v2) + device_properties(rules))
+                self.started = True
+                group, self.invocation = wait_active(bus, self.unit)
+            finally:
+                bus.close()
             if self.v2:
                 self.dirs = {"unified": os.path.join(cgroups.ROOT, group.lstrip("/"))}
                 self.fs = cgroups.CgroupV2("", dirs=self.dirs)
@@ -450,7 +493,9 @@ class SystemdCgroup:
             self.fs.seal()
 
     def remove(self) -> None:
+        """What we made: the unit, if we started it, and the directories."""
         from gofer import cgroups
 
-        stop(self.unit)
+        if self.started:
+            stop(self.unit, self.invocation or None)
         cgroups.remove_dirs(self.created)

@@ -1,7 +1,10 @@
 """``sandbox delete [--force] ID``: remove a stopped container's state; with --force a
 created or running one's too, after killing every process in it. Then the poststop hooks.
 (runc deletes a created container without --force; the runtime spec says a container that
-is not stopped MUST NOT be deleted, and so do we.)"""
+is not stopped MUST NOT be deleted, and so do we.) A container still being created is
+refused, --force or not (runc: it does not exist until create has written its state); one
+whose create died is removed without a signal: only what we made goes (the cgroups, the
+systemd unit we started), never a process we do not know to be the container's."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import os
 import time
 
 from mounts.errors import SandboxError
-from sandbox.state import StateDir, start_time
+from sandbox.state import StateDir, being_created, not_found, start_time
 
 
 def main(args) -> int:
@@ -24,13 +27,15 @@ def main(args) -> int:
         if not os.path.lexists(sd.dir):
             if args.force:
                 return 0
-            raise SandboxError(f"container {args.container_id!r} does not exist (under {args.root})")
+            raise not_found(args.container_id, args.root)
         sd.remove()  # a create that died before writing its state: nothing runs
         return 0
     status = state.status
+    if status == "creating":
+        raise being_created(state, args.root)
     if status != "stopped" and not args.force:
         raise SandboxError(f"cannot delete container {state.id!r} that is not stopped: {status}")
-    if status != "stopped" or not state.pid_ns_own:
+    if not state.creating and (status != "stopped" or not state.pid_ns_own):
         # without a pid namespace of its own, what the container left running in its cgroup
         # outlives its init: killed too, as runc's destroy does
         kill_all(state)
@@ -49,8 +54,12 @@ def main(args) -> int:
 
 
 def kill_all(state) -> None:
-    """SIGKILL every process of the container, and wait until they are gone."""
+    """SIGKILL every process of the container, and wait until they are gone (none before its
+    init is known)."""
     from sandbox.state_cmd import container_pids, signal_all
+
+    if state.creating:
+        return
 
     signal_all(state, 9)  # SIGKILL
     deadline = time.monotonic() + 10
@@ -62,11 +71,12 @@ def kill_all(state) -> None:
 
 
 def remove_cgroups(state) -> None:
-    """The container's systemd unit stopped, the cgroups it made removed."""
-    if state.systemd_unit:
+    """The container's systemd unit stopped (the one we started: a unit of that name started
+    since is someone else's), the cgroups it made removed."""
+    if state.systemd_unit and state.systemd_invocation:
         from gofer.systemd import stop
 
-        stop(state.systemd_unit)
+        stop(state.systemd_unit, state.systemd_invocation)
     if state.cgroup_created:
         from gofer.cgroups import remove_dirs
 

@@ -114,7 +114,9 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
     # and on success it passes on to our caller's subreaper (conmon, the shim) as we exit.
     prctl.set_child_subreaper(True)
     sd = StateDir(opts.root, opts.cid)
-    sd.create(new_state(opts.cid, gofer.pid, opts.bundle, foreground=opts.foreground), fifo=opts.detached)
+    # creating: ours is the pid recorded (and its start time) until the init is ready; the
+    # gofer's would read "stopped" once it has forked pid 1, and kill and delete go by it
+    sd.create(new_state(opts.cid, os.getpid(), opts.bundle, foreground=opts.foreground), fifo=opts.detached)
     sock = gofer.sock
     init = cgroup = None
     try:
@@ -291,9 +293,10 @@ def _own_pid_ns(spec) -> bool:
 def _cgroup(spec, opts: Options, gofer: int, sd, launcher: Launcher | None = None):
     """The container's cgroup, limits and device rules applied, with the process that forks
     the init (which inherits it) in it: the gofer, or a served create's ``launcher``. None on
-    a host without any cgroup hierarchy.
-    The directories it will make are in the state first: a create killed at any point is
-    then deleted whole by `delete --force`."""
+    a host without any cgroup hierarchy. A relative cgroupsPath (an id's default too) is
+    below the caller's cgroups: ours, or a served create's launcher's, never the server's.
+    The directories it will make are in the state first (and the systemd unit, once started):
+    a create killed at any point is then deleted whole by `delete --force`."""
     from gofer.cgroups import container_cgroup
     from mounts.errors import SandboxError
     from sandbox.state import new_state
@@ -307,13 +310,13 @@ def _cgroup(spec, opts: Options, gofer: int, sd, launcher: Launcher | None = Non
                                "cgroups manager")
         cgroup = systemd.SystemdCgroup(spec.linux.cgroups_path, opts.cid)
     else:
-        cgroup = container_cgroup(spec.linux.cgroups_path or opts.cid)
+        cgroup = container_cgroup(spec.linux.cgroups_path or opts.cid, launcher.pid if launcher else "self")
     if cgroup is None:
         if spec.linux.resources is not None:
             raise SandboxError("linux.resources: no cgroup hierarchy is mounted under /sys/fs/cgroup "
                                "to enforce it")
         return None
-    state = new_state(opts.cid, gofer, opts.bundle, foreground=opts.foreground, cgroup=cgroup)
+    state = new_state(opts.cid, os.getpid(), opts.bundle, foreground=opts.foreground, cgroup=cgroup)
     state.cgroup_created = cgroup.missing()
     state.systemd_unit = getattr(cgroup, "unit", "")
     found = cgroup.members()
@@ -335,6 +338,10 @@ def _cgroup(spec, opts: Options, gofer: int, sd, launcher: Launcher | None = Non
         if launcher is not None and _hung_up(launcher.fd):  # its pid (SO_PEERCRED) may be another's now
             raise SandboxError("the launcher exited before the container's cgroup was made")
         cgroup.add(launcher.pid if launcher is not None else gofer)
+        if getattr(cgroup, "invocation", ""):  # the unit we started, and what we made beside it
+            state.systemd_invocation, state.cgroup_created = cgroup.invocation, list(cgroup.created)
+            state.cgroup = list(dict.fromkeys(cgroup.dirs.values()))
+            sd.write(state)
     except BaseException:
         cgroup.remove()
         raise

@@ -3,8 +3,12 @@
 
 Liveness is the init's pid *and* its start time (field 22 of /proc/PID/stat), recorded at
 create: a recycled pid is never taken for the container. The status is derived, never
-stored: ``creating`` until the init is ready, ``created`` while the FIFO exists, ``running``
-after start, ``stopped`` once the init is gone (or a zombie nobody reaped yet).
+stored: ``creating`` until the init is ready (while the process that creates it lives: its
+pid and start time are recorded until then), ``created`` while the FIFO exists, ``running``
+after start, ``stopped`` once the init is gone (or a zombie nobody reaped yet), or the create
+died. Until the init is known nothing is the container's: kill and delete refuse a container
+being created (runc: it does not exist until create has written its state) and signal
+nothing for one whose create died.
 
 Every verb imports this module, and engines run start, state, kill and delete once per
 container: it imports nothing but os, time and the `_json` accelerator (sandbox/jsonlite.py).
@@ -30,17 +34,19 @@ class State:
 
     FIELDS = ("id", "pid", "bundle", "rootfs", "created", "owner", "annotations", "start_time", "creating",
               "foreground", "poststart", "poststop", "cgroup", "cgroup_created", "pid_ns", "pid_ns_own",
-              "systemd_unit")
+              "systemd_unit", "systemd_invocation")
 
     def __init__(self, id: str, pid: int, bundle: str, rootfs: str = "", created: str = "", owner: str = "",
                  annotations: dict | None = None, start_time: int = 0, creating: bool = False,
                  foreground: bool = False, poststart: list | None = None, poststop: list | None = None,
                  cgroup: list | None = None, cgroup_created: list | None = None, pid_ns: int = 0,
-                 pid_ns_own: bool = False, systemd_unit: str = ""):
+                 pid_ns_own: bool = False, systemd_unit: str = "", systemd_invocation: str = ""):
         self.id, self.pid, self.bundle, self.rootfs, self.created, self.owner = id, pid, bundle, rootfs, created, owner
         self.annotations = annotations or {}
         self.start_time = start_time  # clock ticks after boot, /proc/PID/stat field 22
-        self.creating = creating  # the init has not reported ready yet
+        # the init has not reported ready yet: pid and start_time are then the creating
+        # process's (create's or run's own), and nothing is known to be the container's
+        self.creating = creating
         self.foreground = foreground  # kept by `sandbox run BUNDLE`, removed when it ends
         self.poststart = poststart or []  # the bundle's hooks (as in config.json), for start
         self.poststop = poststop or []  # ... and for delete
@@ -48,7 +54,8 @@ class State:
         self.cgroup_created = cgroup_created or []  # those we made: delete removes them
         self.pid_ns = pid_ns  # the init's pid namespace (inode; 0: not known)
         self.pid_ns_own = pid_ns_own  # made for it: every process in it is the container's
-        self.systemd_unit = systemd_unit  # --systemd-cgroup: the scope unit, stopped at delete
+        self.systemd_unit = systemd_unit  # --systemd-cgroup: the scope unit, stopped at delete ...
+        self.systemd_invocation = systemd_invocation  # ... if it is still this start of it (its InvocationID)
         self.status = "creating"
 
     def to_json(self) -> str:
@@ -56,7 +63,8 @@ class State:
 
     def public(self) -> dict:
         """The OCI state (plus runc's rootfs, created, owner) as `sandbox state` prints it."""
-        out = {"ociVersion": OCI_VERSION, "id": self.id, "pid": self.pid if self.status != "stopped" else 0,
+        out = {"ociVersion": OCI_VERSION, "id": self.id,
+               "pid": self.pid if self.status not in ("stopped", "creating") else 0,
                "status": self.status, "bundle": self.bundle, "rootfs": self.rootfs, "created": self.created,
                "owner": self.owner}
         if self.annotations:
@@ -74,6 +82,23 @@ class State:
         from mounts.spec import Hook
 
         return msgspec.convert(raw, list[Hook])
+
+
+def not_found(cid: str, root: str) -> SandboxError:
+    """An id with no container, in runc's words ("container does not exist"), which engines
+    match: containerd's shim takes an error saying "does not exist", "container not running"
+    or "no such process" for a container gone already, and stops or removes the pod."""
+    return SandboxError(f"container does not exist: {cid!r} (under {root})")
+
+
+def being_created(state: State, root: str) -> SandboxError:
+    """kill or delete of a container whose init is not known yet (runc: no such container)."""
+    return SandboxError(f"container does not exist yet: {state.id!r} is being created (under {root})")
+
+
+def not_running(state: State) -> SandboxError:
+    """A signal for a container whose init has exited, in runc's words (see not_found)."""
+    return SandboxError(f"container not running: {state.id!r} has stopped")
 
 
 def valid_id(cid: str) -> bool:
@@ -216,7 +241,7 @@ class StateDir:
         """The recorded state with its status derived; an error naming the id if none."""
         state = self._read()
         if state is None:
-            raise SandboxError(f"container {self.id!r} does not exist (under {self.root})")
+            raise not_found(self.id, self.root)
         return state
 
     def _read(self) -> State | None:
@@ -305,7 +330,7 @@ def new_state(cid: str, pid: int, bundle: str, rootfs: str = "", annotations: di
         kept = {stage: msgspec.to_builtins(getattr(hooks, stage)) for stage in ("poststart", "poststop")}
     if cgroup is not None:
         kept.update(cgroup=list(dict.fromkeys(cgroup.dirs.values())), cgroup_created=list(cgroup.created),
-                    systemd_unit=getattr(cgroup, "unit", ""))
+                    systemd_unit=getattr(cgroup, "unit", ""), systemd_invocation=getattr(cgroup, "invocation", ""))
     try:
         pid_ns = os.stat(f"/proc/{pid}/ns/pid").st_ino if not creating else 0
     except OSError:

@@ -8,7 +8,7 @@ import sys
 
 from mounts.errors import SandboxError
 from sandbox import jsonlite
-from sandbox.state import State, StateDir, list_states, start_time
+from sandbox.state import State, StateDir, being_created, list_states, not_running, start_time
 
 
 def main(args) -> int:
@@ -19,12 +19,12 @@ def main(args) -> int:
         sys.stdout.write(jsonlite.dumps(state.public(), indent=2) + "\n")
     elif args.verb == "kill":
         signum = parse_signal(args.signal)
+        if state.status == "creating":  # no init known: nothing to signal yet
+            raise being_created(state, args.root)
         if args.all:  # a stopped container too, as runc: what it left in its cgroup
             signal_all(state, signum)
-        elif state.status == "stopped":
-            raise SandboxError(f"container {state.id!r} is not running")
         else:
-            os.kill(state.pid, signum)
+            signal_init(state, signum)
     else:  # ps
         pids = container_pids(state)
         if args.format == "json":
@@ -66,15 +66,21 @@ def parse_signal(value: str) -> int:
 
 
 def container_pids(state: State) -> list[int]:
-    """Every process of the container, and never one that is not: with a pid namespace of
-    its own, the processes in it (the cgroup's members in it, else a walk of /proc: a
+    """Every process of the container, and never one that is not: none before its init is
+    known (a container being created, or whose create died); with a pid namespace of its
+    own, the processes in it (the cgroup's members in it, else a walk of /proc: a
     cgroupsPath may name a cgroup with the host's processes in it); with a joined or the
-    host's one, the cgroup's members (in that namespace), else just the init."""
+    host's one, the members of a cgroup that is the container's own (made for it: of one
+    that was there before, only the init), in that namespace."""
+    if state.creating:
+        return []
     alive = start_time(state.pid) == state.start_time
     ns = state.pid_ns or (_pid_ns(state.pid) if alive else None)
     if state.pid_ns_own and not alive:
         return []  # the kernel killed every process of the namespace with its init
     members = _members(state.cgroup)
+    if not state.pid_ns_own and not _made_for_it(state):
+        members = None  # others may be in it: they are not told from the container's by namespace
     if ns is None:  # (a state of an older version: no namespace recorded, init gone)
         return members or []
     if members is not None:
@@ -86,6 +92,32 @@ def container_pids(state: State) -> list[int]:
     if alive and state.pid not in pids:
         pids.append(state.pid)
     return sorted(pids)
+
+
+def _made_for_it(state: State) -> bool:
+    """Whether the container's cgroup was made for it: by us, or the systemd unit we started."""
+    return bool(state.cgroup) and (state.cgroup[0] in state.cgroup_created or bool(state.systemd_invocation))
+
+
+def signal_init(state: State, signum: int) -> None:
+    """``signum`` to the container's init, through a pidfd: to the very process recorded,
+    never to one that got its pid since (a container that has exited: runc's words)."""
+    import _signal
+
+    if state.creating:  # (a create that died: its pid was the creating process's)
+        raise not_running(state)
+    try:
+        fd = os.pidfd_open(state.pid)
+    except ProcessLookupError:
+        raise not_running(state) from None
+    try:
+        if start_time(state.pid) != state.start_time:  # (read after the pidfd: it names this process)
+            raise not_running(state)
+        _signal.pidfd_send_signal(fd, signum)
+    except ProcessLookupError:
+        raise not_running(state) from None
+    finally:
+        os.close(fd)
 
 
 def _members(dirs: list[str]) -> list[int] | None:

@@ -41,11 +41,13 @@ __all__ = ["ROOT", "CgroupV1", "CgroupV2", "Pinned", "allow_devices", "attach_ru
            "remove_dirs", "swap_v2", "unified", "update", "v1_files", "v2_files", "write_file"]
 
 
-def container_cgroup(path: str) -> CgroupV1 | CgroupV2 | None:
-    """The container's cgroup on this host's layout; None where there is none to make."""
+def container_cgroup(path: str, caller: int | str = "self") -> CgroupV1 | CgroupV2 | None:
+    """The container's cgroup on this host's layout, a relative ``path`` below the cgroups of
+    ``caller`` (the process whose limits the container stays under: ours, or a served
+    create's launcher); None where there is none to make."""
     if unified():
-        return CgroupV2(path)
-    cgroup = CgroupV1(path)
+        return CgroupV2(path, caller=caller)
+    cgroup = CgroupV1(path, caller=caller)
     return cgroup if cgroup.dirs else None
 
 

@@ -23,14 +23,16 @@ from mounts.errors import SandboxError
 
 class CgroupV1(Base):
     """cgroup v1: the container's cgroup in every controller's hierarchy; ``path`` absolute
-    (under each controller's root) or relative to our own cgroup there (runc's rule)."""
+    (under each controller's root) or relative to the cgroup there of ``caller`` (a pid, or
+    "self": runc's rule, relative to its own)."""
 
-    def __init__(self, path: str, dirs: dict[str, str] | None = None):
+    def __init__(self, path: str, dirs: dict[str, str] | None = None, caller: int | str = "self"):
         super().__init__()
         # by the hierarchy's real directory: cpu and cpuacct -> cpu,cpuacct name the same cgroup;
         # or ``dirs`` someone else made (systemd)
         self.dirs = dirs if dirs is not None else {
-            ctrl: below(os.path.realpath(os.path.join(ROOT, ctrl)), mine, path) for ctrl, mine in own_cgroups().items()}
+            ctrl: below(os.path.realpath(os.path.join(ROOT, ctrl)), mine, path)
+            for ctrl, mine in own_cgroups(caller).items()}
 
     def create(self) -> None:
         for ctrl, d in self.dirs.items():

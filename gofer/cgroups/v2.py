@@ -24,13 +24,15 @@ from mounts.errors import SandboxError
 
 class CgroupV2(Base):
     """cgroup v2: one directory in the unified hierarchy at ``root``; ``path`` absolute, or
-    relative to our own cgroup's parent (ours holds processes, and v2 lets only a cgroup
-    without any give controllers to its children: runc's rule)."""
+    relative to the parent of ``caller``'s cgroup (a pid, or "self"; that cgroup holds
+    processes, and v2 lets only a cgroup without any give controllers to its children:
+    runc's rule)."""
 
-    def __init__(self, path: str, root: str = ROOT, dirs: dict[str, str] | None = None):
+    def __init__(self, path: str, root: str = ROOT, dirs: dict[str, str] | None = None, caller: int | str = "self"):
         super().__init__()
         self.root = root
-        self.dirs = dirs if dirs is not None else {"unified": below(root, os.path.dirname(own_unified()), path)}
+        self.dirs = dirs if dirs is not None else {
+            "unified": below(root, os.path.dirname(own_unified(caller)), path)}
         self.rules: list[Rule] = []
 
     def create(self) -> None:

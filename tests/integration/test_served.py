@@ -91,8 +91,8 @@ def test_the_callers_cwd_and_umask(server, tmp_path):
     work.mkdir()
     r = verb(path, "--root", "rel-state", "--log", "errors.log", "state", "nope", cwd=work, umask=0o077)
     assert r.returncode == 1 and r.stderr.strip() == \
-        "sandbox state: container 'nope' does not exist (under rel-state)", r.stderr
-    assert "container 'nope' does not exist" in (work / "errors.log").read_text()
+        "sandbox state: container does not exist: 'nope' (under rel-state)", r.stderr
+    assert "container does not exist: 'nope'" in (work / "errors.log").read_text()
     assert oct((work / "errors.log").stat().st_mode & 0o777) == "0o600"
     assert len(served_lines(log)) == 1, log.read_text()
 
@@ -813,3 +813,194 @@ def test_a_server_empties_its_filter_cache_as_it_starts(tmp_path):
         (Path(f"{warm.path}.bpf") / "stray").write_bytes(b"\0" * 8)
     with engines.WarmServer(tmp_path) as warm:
         assert os.listdir(f"{warm.path}.bpf") == [str(warm.proc.pid)]
+
+
+V1 = os.path.isdir("/sys/fs/cgroup/pids") and not os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+
+
+@pytest.fixture
+def shared_cgroup():
+    """A cgroup someone else made, with a host process in it, in every v1 hierarchy: (its
+    path, the process)."""
+    if not V1:
+        pytest.skip("needs cgroup v1")
+    rel = f"sandbox-shared-{os.getpid()}"
+    dirs = [os.path.join(d, rel) for d in sorted({os.path.realpath(e.path) for e in os.scandir("/sys/fs/cgroup")})
+            if os.path.ismount(d) and not os.path.exists(os.path.join(d, "cgroup.controllers"))]
+    host = subprocess.Popen(["sleep", "300"])
+    try:
+        for d in dirs:
+            os.mkdir(d)
+            for name in ("cpuset.cpus", "cpuset.mems"):  # (an empty cpuset takes no process)
+                if os.path.exists(os.path.join(d, name)):
+                    Path(d, name).write_text(Path(os.path.dirname(d), name).read_text())
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(host.pid))
+        yield "/" + rel, host
+    finally:
+        host.kill()
+        host.wait()
+        for d in reversed(dirs):
+            _rmdir(d)
+
+
+def _rmdir(d: str) -> None:
+    for _ in range(100):
+        try:
+            os.rmdir(d)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
+
+
+def test_a_container_being_created_is_not_killed_or_deleted(server, shared_cgroup, make_bundle, tmp_path):
+    """delete (with --force or not) and kill (--all or not) of a container whose create is
+    running its prestart hook: refused in runc's words (it does not exist yet), and nothing
+    is signalled: not the host's process in the cgroup the bundle names, not the launcher
+    (served, it is in that cgroup), not the create, which ends as it would have; Python's
+    and served alike. A create killed meanwhile leaves a stopped container that kill --all
+    and delete remove without a signal. Before the init was known, the gofer's pid (gone at
+    once) read as a stopped container, and every member of the cgroup was killed."""
+    path, log, _ = server
+    where, host = shared_cgroup
+    mark = tmp_path / "hook-runs"
+    bundle = make_bundle(["sleep", "300"], hooks={"prestart": [{"path": "/bin/sh", "args": [
+        "sh", "-c", f"touch {mark}; sleep 3"]}]})
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"]["cgroupsPath"] = where
+    (bundle / "config.json").write_text(json.dumps(spec))
+    root = tmp_path / "state"
+    for cid, server_path in (("b-py", ""), ("b-warm", path)):
+        out = tmp_path / f"{cid}.out"
+        with open(out, "w") as f:
+            create = subprocess.Popen([str(LAUNCHER), "--root", str(root), "create", "-b", str(bundle), cid],
+                                      stdin=subprocess.DEVNULL, stdout=f, stderr=f,
+                                      env=dict(os.environ, SANDBOX_SERVER=str(server_path)))
+        try:
+            deadline = time.monotonic() + 20
+            while not mark.exists():
+                assert time.monotonic() < deadline and create.poll() is None, out.read_text()
+                time.sleep(0.02)
+            mark.unlink()
+            answers = [(args, how, verb(how, "--root", root, *args))
+                       for args in (["delete", cid], ["kill", cid, "KILL"], ["kill", "--all", cid, "KILL"],
+                                    ["delete", "--force", cid]) for how in ("", path)]
+            assert host.poll() is None, "the host's process was killed"
+            assert create.poll() is None, out.read_text()
+            for args, how, r in answers:
+                assert r.returncode == 1 and r.stderr == f"sandbox {args[0]}: container does not exist yet: " \
+                    f"{cid!r} is being created (under {root})\n", (cid, args, how, r.stderr)
+            assert create.wait(timeout=60) == 0, out.read_text()
+            assert json.loads(verb("", "--root", root, "state", cid).stdout)["status"] == "created"
+            assert host.poll() is None, "the host's process was killed"
+        finally:
+            if create.poll() is None:
+                create.kill()
+                create.wait()
+            verb("", "--root", root, "delete", "--force", cid)
+        assert host.poll() is None, "the host's process was killed"
+    # a create that died before its init was known: a stopped container, deleted without a signal
+    with open(tmp_path / "k.out", "w") as f:
+        create = subprocess.Popen([str(LAUNCHER), "--root", str(root), "create", "-b", str(bundle), "k"],
+                                  stdin=subprocess.DEVNULL, stdout=f, stderr=f, env=dict(os.environ, SANDBOX_SERVER=""))
+    deadline = time.monotonic() + 20
+    while not mark.exists():
+        assert time.monotonic() < deadline and create.poll() is None, (tmp_path / "k.out").read_text()
+        time.sleep(0.02)
+    create.kill()
+    create.wait()
+    assert json.loads(verb("", "--root", root, "state", "k").stdout)["status"] == "stopped"
+    r = verb("", "--root", root, "kill", "k", "KILL")
+    assert r.returncode == 1 and "container not running" in r.stderr, r.stderr
+    for args in (["kill", "--all", "k", "KILL"], ["delete", "k"]):
+        assert verb("", "--root", root, *args).returncode == 0, args
+    with open(f"/sys/fs/cgroup/pids{where}/cgroup.procs") as f:  # (the rest of the create went by itself)
+        assert host.poll() is None and host.pid in map(int, f.read().split())
+    deadline = time.monotonic() + 10
+    while Path(f"/sys/fs/cgroup/pids{where}/cgroup.procs").read_text().split() != [str(host.pid)]:
+        assert time.monotonic() < deadline, "the killed create left processes"
+        time.sleep(0.05)
+    assert not os.listdir(root)
+    assert "declined" not in log.read_text()
+
+
+def test_a_relative_cgroups_path_is_below_the_callers_cgroup(server, make_bundle, tmp_path):
+    """The default cgroup (the id) and a relative cgroupsPath are below the caller's own
+    cgroup (the launcher's), as in Python's create, never the server's: the container stays
+    under the caller's limits."""
+    if not V1:
+        pytest.skip("needs cgroup v1")
+    path, log, _ = server
+    caller = f"sandbox-caller-{os.getpid()}"
+    procs = f"/sys/fs/cgroup/pids/{caller}/cgroup.procs"
+    os.mkdir(os.path.dirname(procs))
+    root = tmp_path / "state"
+    seen: dict[str, str] = {}
+    made: list[str] = []
+    try:
+        for cid, server_path, relative in (("d-py", "", None), ("d-warm", path, None),
+                                           ("r-py", "", f"rel-{os.getpid()}-py"),
+                                           ("r-warm", path, f"rel-{os.getpid()}-warm")):
+            bundle = make_bundle(["sleep", "300"])
+            if relative:
+                spec = json.loads((bundle / "config.json").read_text())
+                spec["linux"]["cgroupsPath"] = relative
+                (bundle / "config.json").write_text(json.dumps(spec))
+            made.append(cid)
+            with open(tmp_path / f"{cid}.out", "w") as f:  # (the launcher, in the caller's cgroup)
+                r = subprocess.run(["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", str(LAUNCHER),
+                                    "--root", str(root), "create", "-b", str(bundle), cid],
+                                   stdin=subprocess.DEVNULL, stdout=f, stderr=f, timeout=60,
+                                   env=dict(os.environ, SANDBOX_SERVER=str(server_path)))
+            assert r.returncode == 0, (tmp_path / f"{cid}.out").read_text()
+            init = json.loads(verb("", "--root", root, "state", cid).stdout)["pid"]
+            with open(f"/proc/{init}/cgroup") as f:
+                seen[cid] = next(line.split(":", 2)[2].strip() for line in f if ":pids:" in line)
+            assert seen[cid] == f"/{caller}/{relative or cid}", (cid, seen)
+    finally:
+        for cid in made:
+            verb("", "--root", root, "delete", "--force", cid)
+        _rmdir(os.path.dirname(procs))
+    assert len(seen) == 4 and not os.listdir(root)
+    assert "declined" not in log.read_text() and sum(": create: " in line for line in served_lines(log)) == 2
+
+
+def test_an_exited_container_is_answered_in_runcs_words(server, make_bundle, tmp_path):
+    """kill of a container that has exited, kill and delete of an id that has none: runc's
+    exit codes and runc's phrases in the line ("container not running", "container does not
+    exist"), which containerd's shim, podman and Docker match to take a container for gone
+    (a pod whose container had exited could not be stopped); Python's and served alike."""
+    path, log, _ = server
+    bundle = make_bundle(["true"])
+    runc = ["runc", "--root", str(tmp_path / "runc")]
+    for cmd in (["create", "-b", str(bundle), "x"], ["start", "x"]):
+        subprocess.run(runc + cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True, timeout=60)
+    root = tmp_path / "state"
+    for cid, server_path in (("x-py", ""), ("x-warm", path)):
+        with open(tmp_path / f"{cid}.out", "w") as f:
+            r = subprocess.run([str(LAUNCHER), "--root", str(root), "create", "-b", str(bundle), cid],
+                               stdin=subprocess.DEVNULL, stdout=f, stderr=f, timeout=60,
+                               env=dict(os.environ, SANDBOX_SERVER=str(server_path)))
+        assert r.returncode == 0 and verb(server_path, "--root", root, "start", cid).returncode == 0
+    deadline = time.monotonic() + 20
+    while not all(json.loads(r.stdout)["status"] == "stopped" for r in (
+            subprocess.run(runc + ["state", "x"], capture_output=True, text=True, timeout=60),
+            *(verb("", "--root", root, "state", cid) for cid in ("x-py", "x-warm")))):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    for args in (["kill", "{}", "KILL"], ["kill", "nope", "KILL"], ["delete", "nope"], ["kill", "--all", "{}", "KILL"],
+                 ["delete", "--force", "nope"], ["delete", "{}"]):
+        theirs = subprocess.run(runc + [a.replace("{}", "x") for a in args], capture_output=True, text=True,
+                                timeout=60)
+        words = re.findall(r'msg="([^"]*)"', theirs.stderr)
+        for cid, server_path in (("x-py", ""), ("x-warm", path)):
+            ours = verb(server_path, "--root", root, *[a.replace("{}", cid) for a in args])
+            assert ours.returncode == theirs.returncode, (args, cid, ours.stderr, theirs.stderr)
+            assert all(w in ours.stderr for w in words) and len(ours.stderr.splitlines()) == len(words), \
+                (args, cid, ours.stderr, theirs.stderr)
+        if args[0] == "kill" and args[1] != "--all":
+            assert words == ["container not running" if args[1] == "{}" else "container does not exist"], words
+    assert not os.listdir(root) and not os.listdir(tmp_path / "runc")
+    assert "declined" not in log.read_text()

@@ -210,3 +210,52 @@ def test_a_resize_with_a_swap_limit_under_the_systemd_driver(make_bundle, tmp_pa
     assert sizes == [(64 << 20,) * 3, (128 << 20,) * 3, (32 << 20, 48 << 20, 32 << 20),
                      (32 << 20, 48 << 20, 32 << 20)], r.stdout
     assert "the container uses" in (tmp_path / "err").read_text()
+
+
+def test_a_unit_that_was_there_is_never_the_containers(make_bundle, tmp_path):
+    """A scope of that name that exists already, someone else's (systemd-run's) or another
+    container's, is refused in one line and left running (runc 1.1 joined it and its delete
+    stopped it; runc 1.2 refuses it); a failed one left behind is reset and started anew (runc
+    1.2); and a unit of a container's name started after the container's own ended is not the
+    container's: delete leaves it alone."""
+    sb = f"{PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s"
+    victim = _bundle(make_bundle, ["sleep", "300"], path="system.slice:victim:1")
+    first, second = (_bundle(make_bundle, ["sleep", "300"], path="system.slice:demo:a1") for _ in range(2))
+    left = _bundle(make_bundle, ["sleep", "300"], path="system.slice:left:1")
+    r = under_systemd(f"""
+        active() {{ for i in $(seq 200); do systemctl -q is-active "$1" && return; sleep 0.02; done; }}
+        systemd-run --scope --unit=victim-1 sleep 300 >/dev/null 2>&1 & v=$!
+        active victim-1.scope
+        {sb} run -d -b {victim} v1 </dev/null 2>{tmp_path}/v1.err || echo v1=$?
+        echo victim=$(systemctl is-active victim-1.scope) $(kill -0 $v && echo alive) left=$(ls {tmp_path}/s)
+
+        {sb} run -d -b {first} a1 </dev/null >/dev/null 2>&1
+        {sb} run -d -b {second} b1 </dev/null 2>{tmp_path}/b1.err || echo b1=$?
+        echo a1=$({sb} state a1 | grep -c running) $(systemctl is-active demo-a1.scope)
+
+        systemd-run --scope --unit=left-1 -p TimeoutStopSec=1 sh -c 'trap "" TERM; sleep 300' >/dev/null 2>&1 &
+        active left-1.scope
+        systemctl stop left-1.scope || true
+        echo before=$(systemctl is-active left-1.scope || true)
+        {sb} run -d -b {left} l1 </dev/null >/dev/null 2>&1 || echo l1=$?
+        echo l1=$({sb} state l1 | grep -c running) $(systemctl is-active left-1.scope)
+        {sb} delete --force l1
+
+        systemctl kill -s KILL demo-a1.scope
+        for i in $(seq 200); do systemctl -q is-active demo-a1.scope || break; sleep 0.02; done
+        systemctl reset-failed demo-a1.scope 2>/dev/null || true
+        systemd-run --scope --unit=demo-a1 sleep 300 >/dev/null 2>&1 & f=$!
+        active demo-a1.scope
+        {sb} delete a1
+        echo foreign=$(systemctl is-active demo-a1.scope) $(kill -0 $f && echo alive)
+        kill $v $f
+    """)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    errors = [(tmp_path / f"{c}.err").read_text() for c in ("v1", "b1")]
+    assert lines[:2] == ["v1=1", "victim=active alive left="], (r.stdout, errors)
+    assert lines[2:4] == ["b1=1", "a1=1 active"], (r.stdout, errors)
+    for err, unit in zip(errors, ("victim-1.scope", "demo-a1.scope"), strict=True):
+        assert len(err.splitlines()) == 1 and f"the systemd unit {unit} already exists (active)" in err, err
+    assert lines[4:6] == ["before=failed", "l1=1 active"], r.stdout
+    assert lines[6:] == ["foreign=active alive"], r.stdout
