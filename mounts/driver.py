@@ -561,7 +561,8 @@ def _firmware(resolver: Resolver, kernel: Resolver, version: str, notes: list[st
                 regular = e.is_file(follow_symlinks=False)
                 why = "" if regular else file_kind(e.stat(follow_symlinks=False).st_mode)
             if not regular or path is None:
-                notes.append(f"firmware: passed over {e.path}: {why}")
+                if (note := f"firmware: passed over {e.path}: {why}") not in notes:  # (a directory seen twice)
+                    notes.append(note)
                 continue
             names.add(e.name)
             found[f"{target}/{e.name}"] = path
