@@ -104,3 +104,14 @@ def test_runc_given_our_cdi_spec(layout, make_bundle, tmp_path, rootfs_debian):
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert r.stdout.splitlines() == expected(layout), r.stdout
     assert mount_table() == before
+
+
+def test_debug_names_the_wrapper_passed_over(make_bundle, tmp_path):
+    """The H200 image's /usr/bin/nvidia-smi: a line under --debug, nothing without it."""
+    driver, _dev = fixtures.fleet_driver("h200")
+    bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all"])
+    quiet = sandbox("run", bundle, "--driver-root", driver, "--root", tmp_path / "state")
+    debug = sandbox("--debug", "run", bundle, "--driver-root", driver, "--root", tmp_path / "state")
+    assert quiet.returncode == debug.returncode == 0 and quiet.stderr == "", quiet.stderr
+    assert debug.stderr == (f"sandbox: debug: nvidia-smi: took {driver}/usr/local/nvidia/bin/nvidia-smi, passed over "
+                            f"{driver}/usr/bin/nvidia-smi: a script (#!/bin/bash)\n"), debug.stderr
