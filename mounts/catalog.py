@@ -31,7 +31,23 @@ BINARIES = {
     "utility": ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nv-fabricmanager"),
     "compute": ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server"),
 }
-BIN_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin")  # where a binary is looked for, in order
+# Where the driver's binaries are looked for, after the directories beside its libraries
+# (<libdir>/../bin: /usr/local/nvidia/bin) and, for the host's own root, its PATH: the
+# standard directories (nvidia-ctk's, Debian's first). Only an ELF executable is taken.
+BIN_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin", "bin", "sbin")
+# Where a driver root without an ld.so.cache entry for the driver keeps its libraries (GKE's
+# /home/kubernetes/bin/nvidia/lib64, an installer's /usr/lib64 ...), after those its
+# etc/ld.so.conf names: searched as ldconfig would, each file's SONAME read from its ELF
+# header. Each directory once (lib and usr/lib are often one).
+LIB_DIRS = ("lib64", "lib", "usr/lib64", "usr/lib", "usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu",
+            "usr/lib/aarch64-linux-gnu", "lib/aarch64-linux-gnu", "usr/local/lib64", "usr/local/lib",
+            "lib32", "usr/lib32", "usr/lib/i386-linux-gnu", "lib/i386-linux-gnu")
+# GSP firmware, where the kernel looks for it (drivers/base/firmware_loader, and nvidia-ctk in
+# this order): the path in firmware_class's parameter (read under the device root), then these,
+# each + nvidia/<version>/gsp*.bin. {release}: the device root's kernel release.
+FIRMWARE_PARAM = "sys/module/firmware_class/parameters/path"
+FIRMWARE_DIRS = ("/lib/firmware/updates/{release}", "/lib/firmware/updates", "/lib/firmware/{release}",
+                 "/lib/firmware")
 IPC = {
     "utility": ("/var/run/nvidia-persistenced/socket", "/var/run/nvidia-fabricmanager/socket"),
     "compute": ("/tmp/nvidia-mps",),
@@ -50,13 +66,15 @@ CONFIGS = {
 # EGL's external platform directories (graphics): every file of NVIDIA's there is bound.
 EGL_PLATFORMS = ("/usr/share/egl/egl_external_platform.d", "/etc/egl/egl_external_platform.d")
 PLATFORM_FILE = re.compile(r"[A-Za-z0-9_.+-]{0,100}nvidia[A-Za-z0-9_.+-]{0,100}\.json")  # (never a "::")
-# Xorg's driver and GLX modules (display): where Xorg looks, then Debian's own directory
-# (its alternatives link the first to the second). Bound where Xorg looks.
+# Xorg's driver and GLX modules (display): where Xorg looks (lib64 distributions' too), then
+# Debian's flavour directories (XORG_FLAVOURS/<flavour>/<name>: current, tesla, tesla-535 ...,
+# which its alternatives link the first to). Bound where Xorg looks on Debian.
 XORG_MODULES = (
-    ("/usr/lib/xorg/modules/drivers/nvidia_drv.so", "/usr/lib/nvidia/current/nvidia_drv.so"),
+    ("/usr/lib/xorg/modules/drivers/nvidia_drv.so", "/usr/lib64/xorg/modules/drivers/nvidia_drv.so"),
     ("/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
-     "/usr/lib/nvidia/current/libglxserver_nvidia.so.{version}"),
+     "/usr/lib64/xorg/modules/extensions/libglxserver_nvidia.so.{version}"),
 )
+XORG_FLAVOURS = "/usr/lib/nvidia"
 # Extra links nvidia-container-cli creates: (capability, link name, what it points to)
 EXTRA_LINKS = (
     ("compute", "libcuda.so", "libcuda.so.1"),

@@ -9,6 +9,7 @@ the test fixtures, because every path is read relative to the driver root.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import stat
@@ -16,8 +17,9 @@ import stat
 import msgspec
 
 from mounts import catalog, ldcache
-from mounts.elf import read_elf
+from mounts.elf import not_an_executable, read_elf
 from mounts.errors import DriverError, ElfError, LdCacheError
+from mounts.ldcache import FLAG_ELF_LIBC6, FLAG_REQUIRED_MASK, FLAGS_I386, FLAGS_X86_64
 from mounts.paths import LinkLoop, Resolver, file_kind, opened_at, resolve_in_root
 
 NVIDIA_MAJOR = 195
@@ -92,12 +94,15 @@ class Inventory(msgspec.Struct, frozen=True):
     dri: dict[str, tuple[str, ...]] = {}  # GPU bus id -> its DRI nodes in devices (dri/card1 ...)
     migs: list[Mig] = []
     mig_caps: dict[str, int] = {}  # "config", "monitor" -> their nvidia-caps minors
-    binaries: dict[str, str] = {}  # catalog.BINARIES' names -> host path
+    binaries: dict[str, str] = {}  # catalog.BINARIES' names -> host path of the driver's ELF executable
+    refused: dict[str, str] = {}  # a binary found only as files that are not the driver's (a wrapper ...): why
     configs: dict[str, str] = {}  # the loaders' files: container path -> host path (regular files)
     loader_texts: dict[str, str] = {}  # container path -> text of those that are .json or .icd
     xorg: dict[str, str] = {}  # Xorg's modules: where Xorg looks -> host path (regular files)
     ipc: dict[str, str] = {}  # catalog.IPC's sockets and directories present: container path -> host path
     procfs: str | None = None  # the host's proc/driver/nvidia directory under the device root
+    libraries_from: str = "etc/ld.so.cache"  # or the directories searched, when the cache lists no driver
+    notes: tuple[str, ...] = ()  # candidates passed over (wrappers, links leading nowhere ...): --debug says them
 
     @property
     def cuda_version(self) -> str | None:
@@ -110,12 +115,13 @@ MAX_CACHE = 64 << 20  # a host's ld.so.cache is well under a MiB
 
 POINT_AT_DRIVER = "point --driver-root (or driver-root in /etc/gpu-sandbox/config.toml) at the driver's files"
 
-def read_file(root: str, rel: str, limit: int = MAX_TEXT) -> tuple[str, bytes] | None:
+def read_file(root: str, rel: str, limit: int = MAX_TEXT, resolver: Resolver | None = None) -> tuple[str, bytes] | None:
     """(host path, content) of ``rel`` inside ``root`` (links resolved as if ``root`` were
-    "/"), or None when it does not exist. Anything but a regular file of at most ``limit``
-    bytes is a DriverError naming the path: a FIFO would block, a device such as /dev/zero
-    never end. Opened non-blocking, without following a last link, no controlling tty."""
-    path = resolve_in_root(root, rel)
+    "/"; through ``resolver``'s directories when given), or None when it does not exist.
+    Anything but a regular file of at most ``limit`` bytes is a DriverError naming the
+    path: a FIFO would block, a device such as /dev/zero never end. Opened non-blocking,
+    without following a last link, no controlling tty."""
+    path = resolve_in_root(root, rel) if resolver is None else _in(resolver, rel)
     if path is None:
         if os.path.lexists(os.path.join(root, rel)):  # a link out of the root, or one that loops
             raise DriverError(f"{os.path.join(root, rel)}: a symlink that leads to no file inside the driver root")
@@ -157,33 +163,46 @@ def _read_all(fd: int, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _text(root: str, rel: str) -> str | None:
-    found = read_file(root, rel)
+def _in(resolver: Resolver, rel: str) -> str | None:
+    """resolve_in_root(resolver.root, rel), each directory on the way resolved once."""
+    try:
+        found = resolver.file("/" + rel.strip("/"))
+    except LinkLoop:
+        return None
+    return found[0] if found else None
+
+
+def _text(kernel: Resolver, rel: str) -> str | None:
+    found = read_file(kernel.root, rel, resolver=kernel)
     return found[1].decode("utf-8", "replace") if found else None
 
 
-def _version(root: str, dev_root: str, cache: list[ldcache.Entry], resolver: Resolver) -> str:
-    """The kernel module's version from /proc, else the version in libcuda's or
-    libnvidia-ml's file name. When both are there they must agree: a /proc version that
-    no library carries would give a GPU container without libraries, silently."""
-    lib_version = lib_name = None
+def _cache_version(cache: list[ldcache.Entry], resolver: Resolver) -> tuple[str, str] | None:
+    """(version, file) of the first cache entry whose file is libcuda.so.<v> or
+    libnvidia-ml.so.<v>: None when the cache lists no driver."""
     for e in cache:
         found = _resolve_lib(resolver, e)
         m = _LIB_VERSION_RE.match(found[0].rpartition("/")[2]) if found else None
         if m and found:
-            lib_version, lib_name = m.group(1), found[0]
-            break
-    text = _text(dev_root, "proc/driver/nvidia/version")
+            return m.group(1), found[0]
+    return None
+
+
+def _version(root: str, kernel: Resolver, from_libs: tuple[str, str] | None, where: str) -> str:
+    """The kernel module's version from /proc, else the version in libcuda's or
+    libnvidia-ml's file name (``from_libs``: that version and file). When both are there
+    they must agree: a /proc version that no library carries would give a GPU container
+    without libraries, silently."""
+    text = _text(kernel, "proc/driver/nvidia/version")
     m = _VERSION_RE.search(text) if text else None
     if m:
-        if lib_version is not None and lib_version != m.group(1):
-            raise DriverError(f"{dev_root}/proc/driver/nvidia/version: kernel module {m.group(1)} does not "
-                              f"match the driver's libraries ({lib_name} is {lib_version})")
+        if from_libs is not None and from_libs[0] != m.group(1):
+            raise DriverError(f"{kernel.root}/proc/driver/nvidia/version: kernel module {m.group(1)} does not "
+                              f"match the driver's libraries ({from_libs[1]} is {from_libs[0]})")
         return m.group(1)
-    if lib_version is not None:
-        return lib_version
-    raise DriverError(f"{root}: no NVIDIA driver found (no proc/driver/nvidia/version, "
-                      f"no libcuda.so.<version> or libnvidia-ml.so.<version> in etc/ld.so.cache): {POINT_AT_DRIVER}")
+    if from_libs is not None:
+        return from_libs[0]
+    raise DriverError(f"{root}: no NVIDIA driver found (no proc/driver/nvidia/version, {where}): {POINT_AT_DRIVER}")
 
 
 def cuda_version(driver_version: str) -> str | None:
@@ -195,8 +214,8 @@ def cuda_version(driver_version: str) -> str | None:
     return found
 
 
-def _gpus(root: str) -> list[Gpu]:
-    base = resolve_in_root(root, "proc/driver/nvidia/gpus")
+def _gpus(kernel: Resolver) -> list[Gpu]:
+    base = _in(kernel, "proc/driver/nvidia/gpus")
     if base is None:
         return []
     try:
@@ -209,7 +228,7 @@ def _gpus(root: str) -> list[Gpu]:
         if not _BUS_ID.fullmatch(busid):  # it becomes a path in the container and on the host
             raise DriverError(f"{base}/{busid}: not a PCI bus id (domain:bus:device.function)")
         info = {}
-        for line in (_text(root, f"proc/driver/nvidia/gpus/{busid}/information") or "").splitlines():
+        for line in (_text(kernel, f"proc/driver/nvidia/gpus/{busid}/information") or "").splitlines():
             key, sep, value = line.partition(":")
             if sep:
                 info[key.strip()] = value.strip()
@@ -223,9 +242,9 @@ def _gpus(root: str) -> list[Gpu]:
     return gpus
 
 
-def _majors(root: str) -> dict[str, int]:
+def _majors(kernel: Resolver) -> dict[str, int]:
     majors = {}
-    for line in (_text(root, "proc/devices") or "").splitlines():
+    for line in (_text(kernel, "proc/devices") or "").splitlines():
         if line.startswith("Block"):
             break
         num, _, name = line.strip().partition(" ")
@@ -318,38 +337,38 @@ def _lstat(path: str) -> os.stat_result | None:
         return None
 
 
-def _cap_minor(root: str, rel: str) -> int | None:
+def _cap_minor(kernel: Resolver, rel: str) -> int | None:
     """DeviceFileMinor of a capability's access file (/proc/driver/nvidia/capabilities/...)."""
-    text = _text(root, f"proc/driver/nvidia/{rel}")
+    text = _text(kernel, f"proc/driver/nvidia/{rel}")
     if text is None:
         return None
     m = re.search(r"^DeviceFileMinor:\s*([0-9]{1,9})\s*$", text, re.M)
     if m is None:
-        raise DriverError(f"{root}/proc/driver/nvidia/{rel}: no valid 'DeviceFileMinor:' line")
+        raise DriverError(f"{kernel.root}/proc/driver/nvidia/{rel}: no valid 'DeviceFileMinor:' line")
     return int(m.group(1))
 
 
-def _migs(root: str, gpus: list[Gpu]) -> tuple[list[Mig], dict[str, int]]:
+def _migs(kernel: Resolver, gpus: list[Gpu]) -> tuple[list[Mig], dict[str, int]]:
     """The MIG devices the driver shows under /proc/driver/nvidia/capabilities: a
     gpu<minor>/mig/gi<G>/ci<C> directory per compute instance (the instances that exist;
     /proc/driver/nvidia-caps/mig-minors lists every possible one)."""
-    caps = {n: m for n in ("config", "monitor") if (m := _cap_minor(root, f"capabilities/mig/{n}")) is not None}
+    caps = {n: m for n in ("config", "monitor") if (m := _cap_minor(kernel, f"capabilities/mig/{n}")) is not None}
     migs = []
     for g in gpus:
-        base = resolve_in_root(root, f"proc/driver/nvidia/capabilities/gpu{g.minor}/mig")
+        base = _in(kernel, f"proc/driver/nvidia/capabilities/gpu{g.minor}/mig")
         if base is None or not os.path.isdir(base):
             continue
         for gi_name in sorted(os.listdir(base), key=_number_in):
             gi = re.fullmatch(r"gi([0-9]{1,4})", gi_name)
-            if gi is None or (gi_cap := _cap_minor(root, f"capabilities/gpu{g.minor}/mig/{gi_name}/access")) is None:
+            if gi is None or (gi_cap := _cap_minor(kernel, f"capabilities/gpu{g.minor}/mig/{gi_name}/access")) is None:
                 continue
-            gi_dir = resolve_in_root(root, f"proc/driver/nvidia/capabilities/gpu{g.minor}/mig/{gi_name}")
+            gi_dir = _in(kernel, f"proc/driver/nvidia/capabilities/gpu{g.minor}/mig/{gi_name}")
             if gi_dir is None or not os.path.isdir(gi_dir):
                 continue
             for ci_name in sorted(os.listdir(gi_dir), key=_number_in):
                 ci = re.fullmatch(r"ci([0-9]{1,4})", ci_name)
                 rel = f"capabilities/gpu{g.minor}/mig/{gi_name}/{ci_name}/access"
-                if ci is not None and (ci_cap := _cap_minor(root, rel)) is not None:
+                if ci is not None and (ci_cap := _cap_minor(kernel, rel)) is not None:
                     migs.append(Mig(g.minor, int(gi.group(1)), int(ci.group(1)), gi_cap, ci_cap))
     return migs, caps
 
@@ -401,13 +420,153 @@ def _libraries(cache: list[ldcache.Entry], version: str, resolver: Resolver) -> 
     return libs
 
 
-def _firmware(root: str, version: str) -> dict[str, str]:
-    target = f"/lib/firmware/nvidia/{version}"
-    host = resolve_in_root(root, target)
-    if host is None or not os.path.isdir(host):
-        return {}
-    return {f"{target}/{n}": f"{host}/{n}" for n in sorted(os.listdir(host))
-            if n.startswith("gsp") and n.endswith(".bin")}
+_CONF_DEPTH = 4  # ld.so.conf's includes, nested: enough for any distribution's, and no loop
+
+
+def _ld_so_conf(resolver: Resolver, rel: str = "etc/ld.so.conf", depth: int = 0) -> list[str]:
+    """The directories ``rel`` (etc/ld.so.conf and what it includes) names, as ldconfig
+    reads them: ``include`` globs relative to the file's directory, ``hwcap`` lines and
+    comments skipped, ``dir=type`` taken as dir. Read inside the root as every driver file."""
+    text = _text(resolver, rel)
+    dirs: list[str] = []
+    for line in (text or "").splitlines():
+        words = line.partition("#")[0].split()
+        if not words or words[0] == "hwcap":
+            continue
+        if words[0] != "include":
+            dirs.append(words[0].partition("=")[0])
+            continue
+        for pattern in words[1:] if depth < _CONF_DEPTH else ():
+            pattern = pattern if pattern.startswith("/") else f"/{os.path.dirname(rel)}/{pattern}"
+            head, _, glob = pattern.rpartition("/")
+            host = _in(resolver, head)
+            for name in sorted(os.listdir(host)) if host is not None and os.path.isdir(host) else ():
+                if fnmatch.fnmatchcase(name, glob):
+                    dirs += _ld_so_conf(resolver, f"{head.strip('/')}/{name}", depth + 1)
+    return dirs
+
+
+def _search(resolver: Resolver) -> tuple[list[tuple[str, str]], list[str]]:
+    """For a driver root whose ld.so.cache lists no driver: the lib*.so.* names of the
+    directories ldconfig would have read (etc/ld.so.conf's, then catalog.LIB_DIRS), each
+    directory once; and those directories."""
+    names, searched, seen = [], [], set()
+    for d in _ld_so_conf(resolver) + list(catalog.LIB_DIRS):
+        rel = "/" + os.path.normpath("/" + d).strip("/")
+        try:
+            host = resolver.directory(rel)
+        except LinkLoop:
+            continue
+        if host is None or host in seen or not os.path.isdir(host):
+            continue
+        seen.add(host)
+        searched.append(rel)
+        names += [(rel, n) for n in sorted(os.listdir(host)) if n.startswith("lib") and ".so." in n]
+    return names, searched
+
+
+def _searched_version(names: list[tuple[str, str]], resolver: Resolver) -> tuple[str, str] | None:
+    """_cache_version's answer from the names found by _search."""
+    for d, n in names:
+        m = _LIB_VERSION_RE.match(n)
+        if m and (found := _plain(resolver, f"{d}/{n}")) is not None:
+            return m.group(1), found
+    return None
+
+
+# ld.so.cache's flags for a library of each machine, as ldconfig sets them
+_MACHINE_FLAGS = {(64, "EM_X86_64"): FLAGS_X86_64, (64, "EM_AARCH64"): FLAG_ELF_LIBC6 | 0x0A00,
+                  (32, "EM_386"): FLAGS_I386}
+
+
+def _searched_libraries(names: list[tuple[str, str]], version: str, resolver: Resolver) -> list[DriverLib]:
+    """_libraries' answer without a cache: every file found by _search whose name carries
+    the driver's version (or is an EGL platform library), keyed by its ELF SONAME with the
+    flags of its class and machine, as ldconfig would have listed it; the first of a SONAME
+    and machine wins, as in ldconfig's cache. A file no ELF reader can read is kept with
+    the reason, keyed by its name, like _libraries' broken ones."""
+    suffix = "." + version
+    egl = tuple(n + "." for n in catalog.EGL_PLATFORM_LIBS)
+    libs, paths, keys = [], set(), set()
+    for d, n in names:
+        if not n.endswith(suffix) and not n.startswith(egl):
+            continue
+        try:
+            found = resolver.file(f"{d}/{n}")
+        except LinkLoop:
+            raise DriverError(f"{resolver.root}{d}/{n}: symbolic links loop (a library of the driver "
+                              "cannot be resolved)") from None
+        if found is None or found[0] in paths:
+            continue
+        path, mode = found
+        name = path.rpartition("/")[2]
+        if not name.endswith(suffix) and not name.startswith(egl):
+            continue
+        if not stat.S_ISREG(mode):  # never open a FIFO or device as an ELF file
+            raise DriverError(f"{path}: library {n} of the driver is not a regular file")
+        paths.add(path)
+        try:
+            info = read_elf(path)
+        except ElfError as err:
+            libs.append(DriverLib(name, path, name, FLAGS_X86_64, broken=str(err)))
+            continue
+        flags = _MACHINE_FLAGS.get((info.elfclass, info.machine))
+        key = info.soname or name
+        if flags is None or (key, flags) in keys or (not name.endswith(suffix) and key not in catalog.EGL_PLATFORM_LIBS):
+            continue
+        keys.add((key, flags))
+        libs.append(DriverLib(key, path, name, flags, info.soname, info.needed))
+    return libs
+
+
+_RELEASE = re.compile(r"[A-Za-z0-9._+~-]{1,64}")
+
+
+def _firmware(resolver: Resolver, kernel: Resolver, version: str, notes: list[str]) -> dict[str, str]:
+    """The GSP firmware of ``version``, where the kernel looks for it: firmware_class's path
+    parameter (a directory of the device root's, as the kernel names it), then each of
+    catalog.FIRMWARE_DIRS in the driver root (and in the device root, when that is another:
+    a driver container's kernel reads the host's /lib/firmware). Per file name the first
+    directory that has it wins, as in the kernel; the container sees it at that path. A
+    gsp*.bin that is no regular file is passed over (noted)."""
+    dirs = []
+    param = (_text(kernel, catalog.FIRMWARE_PARAM) or "").strip()
+    if param.startswith("/") and "\0" not in param:
+        dirs.append((kernel, "/" + os.path.normpath(param).strip("/")))
+    release = (_text(kernel, "proc/sys/kernel/osrelease") or "").strip()
+    for d in catalog.FIRMWARE_DIRS:
+        if "{release}" in d and not _RELEASE.fullmatch(release):
+            continue
+        d = d.format(release=release)
+        dirs += [(resolver, d)] + ([(kernel, d)] if kernel is not resolver else [])
+    found: dict[str, str] = {}
+    names: set[str] = set()
+    for base, d in dirs:
+        target = f"{d.rstrip('/')}/nvidia/{version}"
+        host = _in(base, target)
+        try:
+            entries = sorted(os.scandir(host), key=lambda e: e.name) if host is not None else []
+        except OSError:  # not a directory
+            continue
+        for e in entries:
+            if not (e.name.startswith("gsp") and e.name.endswith(".bin")) or e.name in names:
+                continue
+            path: str | None = e.path
+            if e.is_symlink():  # resolved inside its root
+                path = _in(base, f"{target}/{e.name}")
+                st = _lstat(path) if path is not None else None
+                regular = st is not None and stat.S_ISREG(st.st_mode)
+                why = file_kind(st.st_mode) if st else "a symlink that leads to no file inside its root"
+            else:
+                regular = e.is_file(follow_symlinks=False)
+                why = "" if regular else file_kind(e.stat(follow_symlinks=False).st_mode)
+            if not regular or path is None:
+                if (note := f"firmware: passed over {e.path}: {why}") not in notes:  # (a directory seen twice)
+                    notes.append(note)
+                continue
+            names.add(e.name)
+            found[f"{target}/{e.name}"] = path
+    return found
 
 
 def _plain(resolver: Resolver, path: str) -> str | None:
@@ -419,13 +578,122 @@ def _plain(resolver: Resolver, path: str) -> str | None:
     return found[0] if found is not None and stat.S_ISREG(found[1]) else None
 
 
-def _binaries(resolver: Resolver) -> dict[str, str]:
-    found = {}
+def _bin_dirs(root: str, libraries: list[DriverLib], search_path: str | None) -> list[str]:
+    """Where the driver's binaries are looked for, in order: beside its 64-bit libcuda and
+    libnvidia-ml (<libdir>/../bin: /usr/local/nvidia/lib64 -> /usr/local/nvidia/bin), the PATH given
+    (the host's, for the host's own root), catalog.BIN_DIRS. Root-relative, each once."""
+    base = root.rstrip("/")
+    libdirs = dict.fromkeys(lib.path.rpartition("/")[0] for lib in libraries
+                            if lib.key in ("libcuda.so.1", "libnvidia-ml.so.1") and lib.flags & FLAG_REQUIRED_MASK)
+    dirs = []
+    for d in libdirs:  # real paths inside the root (resolved there): their parent is one too
+        parent = d.rpartition("/")[0]
+        if len(parent) >= len(base) and os.path.isdir(parent + "/bin"):
+            dirs.append(parent[len(base):] + "/bin")
+    dirs += [d for d in (search_path or "").split(":") if d.startswith("/")]
+    return list(dict.fromkeys(dirs + ["/" + d for d in catalog.BIN_DIRS]))
+
+
+def _not_the_drivers(path: str, mode: int) -> str | None:
+    """Why the file at ``path`` (resolved inside the root; ``mode`` its lstat's) is not a
+    driver binary to bind, or None: it must be a regular, executable ELF executable (a
+    wrapper script would exec a path the container lacks). Its first 4 KiB are read as
+    every driver file is: non-blocking, never through a last link, checked to be where the
+    kernel opened it."""
+    if not stat.S_ISREG(mode):
+        return file_kind(mode)
+    if not mode & 0o111:
+        return "not executable"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        return f"cannot read: {e.strerror}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return file_kind(st.st_mode)
+        if not opened_at(fd, path):
+            return "changed while being opened"
+        head = os.pread(fd, 4096, 0)
+    except OSError as e:
+        return f"cannot read: {e.strerror}"
+    finally:
+        os.close(fd)
+    return not_an_executable(head)
+
+
+def _says_version(path: str, version: str) -> bool:
+    """Whether the binary at ``path`` carries ``version`` in its bytes (the driver's own
+    binaries print it: "NVIDIA System Management Interface -- v535.261.03")."""
+    import mmap
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return False
+        with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as m:
+            return m.find(version.encode()) >= 0
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(fd)
+
+
+def _binaries(resolver: Resolver, dirs: list[str], version: str,
+              notes: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Each of catalog.BINARIES' names: the driver's ELF executable of that name in the
+    first of ``dirs`` that has one; where several different files qualify, the first whose
+    bytes carry the driver's version. Others (a wrapper script, a FIFO, a file that cannot
+    be read, a link that leads nowhere inside the root) are passed over, in ``notes``; a
+    name found only as such files is in the second dict, with why."""
+    found: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    where: list[tuple[str, str]] = []  # (root-relative dir, its host path): each directory once
+    for d in dirs:
+        try:
+            host = resolver.directory(d)
+        except LinkLoop:
+            continue
+        if host is not None and all(host != h for _d, h in where):
+            where.append((d, host))
     for name in (n for names in catalog.BINARIES.values() for n in names):
-        host = next((h for d in catalog.BIN_DIRS if (h := _plain(resolver, f"/{d}/{name}")) is not None), None)
-        if host is not None:
-            found[name] = host
-    return found
+        elfs: list[str] = []
+        passed: list[str] = []
+        for d, host in where:
+            try:
+                hit = resolver.file(f"{d}/{name}")
+            except LinkLoop:
+                passed.append(f"{host}/{name}: symbolic links loop")
+                continue
+            if hit is None or hit[0] in elfs:
+                continue
+            why = _not_the_drivers(*hit)
+            if why is None:
+                elfs.append(hit[0])
+            else:
+                via = "" if hit[0] == f"{host}/{name}" else f" -> {hit[0]}"
+                passed.append(f"{host}/{name}{via}: {why}")
+        if len(elfs) > 1:  # different files (or hard links of one): the driver's version first
+            inodes: dict[tuple[int, int], str] = {}
+            for p in elfs:
+                st = os.stat(p)
+                inodes.setdefault((st.st_dev, st.st_ino), p)
+            elfs = sorted(inodes.values(), key=lambda p: (not _says_version(p, version), elfs.index(p)))
+        if elfs:
+            found[name] = elfs[0]
+            notes += [f"{name}: took {elfs[0]}, passed over {p}" for p in passed + elfs[1:]]
+            continue
+        if passed:
+            refused[name] = "; ".join(passed)
+            notes += [f"{name}: passed over {p}" for p in passed]
+        for _d, host in where:
+            if os.path.islink(f"{host}/{name}"):
+                notes.append(f"{name}: passed over {host}/{name}: a symlink that leads to no file inside the driver root")
+    return found, refused
 
 
 def _configs(resolver: Resolver) -> tuple[dict[str, str], dict[str, str]]:
@@ -445,13 +713,37 @@ def _configs(resolver: Resolver) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def _xorg(resolver: Resolver, version: str) -> dict[str, str]:
+    """Xorg's modules: where Xorg looks, else in Debian's flavour directory of this driver
+    (the first, current first, whose GLX module carries its version; else current)."""
     found = {}
-    for target, debian in catalog.XORG_MODULES:
-        target, debian = target.format(version=version), debian.format(version=version)
-        host = next((h for p in (target, debian) if (h := _plain(resolver, p)) is not None), None)
+    for target, *elsewhere in catalog.XORG_MODULES:
+        target = target.format(version=version)
+        host = next((h for p in (target, *elsewhere) if (h := _plain(resolver, p.format(version=version)))), None)
         if host is not None:
             found[target] = host
+    if len(found) < len(catalog.XORG_MODULES) and (flavour := _flavour(resolver, version)) is not None:
+        for target, *_elsewhere in catalog.XORG_MODULES:
+            target = target.format(version=version)
+            host = _plain(resolver, f"{catalog.XORG_FLAVOURS}/{flavour}/{target.rpartition('/')[2]}")
+            if target not in found and host is not None:
+                found[target] = host
     return found
+
+
+def _flavour(resolver: Resolver, version: str) -> str | None:
+    """Debian's directory of this driver's Xorg modules under catalog.XORG_FLAVOURS."""
+    try:
+        host = resolver.directory(catalog.XORG_FLAVOURS)
+    except LinkLoop:
+        return None
+    if host is None or not os.path.isdir(host):
+        return None
+    glx = f"libglxserver_nvidia.so.{version}"
+    if _plain(resolver, f"{catalog.XORG_FLAVOURS}/current/{glx}"):
+        return "current"
+    names = sorted(os.listdir(host))
+    return next((n for n in names if _plain(resolver, f"{catalog.XORG_FLAVOURS}/{n}/{glx}")),
+                "current" if "current" in names else None)
 
 
 def _ipc(resolver: Resolver) -> dict[str, str]:
@@ -467,11 +759,14 @@ def _ipc(resolver: Resolver) -> dict[str, str]:
     return found
 
 
-def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
+def discover(root: str = "/", dev_root: str | None = None, search_path: str | None = None) -> Inventory:
     """Everything the plan needs to know about the driver under ``root``. The kernel side
-    (``dev/`` nodes, ``proc/devices``, ``proc/driver/nvidia``) is read under ``dev_root``,
-    by default the same root; a driver container mounted at /run/nvidia/driver keeps its
-    user-space files there while the nodes and /proc stay the host's (``dev_root="/"``)."""
+    (``dev/`` nodes, ``proc/devices``, ``proc/driver/nvidia``, the firmware path and the
+    kernel's release) is read under ``dev_root``, by default the same root; a driver
+    container mounted at /run/nvidia/driver keeps its user-space files there while the
+    nodes and /proc stay the host's (``dev_root="/"``). ``search_path``: a PATH whose
+    directories (inside the root) may hold the driver's binaries; for the host's own root
+    ("/") by default our PATH, the host's, as nvidia-ctk reads it."""
     # real paths: every source is then the path the kernel names what it opens by (opened_at)
     given = {"driver root": root, "device root": dev_root or root}
     root = os.path.realpath(root)
@@ -483,36 +778,56 @@ def discover(root: str = "/", dev_root: str | None = None) -> Inventory:
         if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):  # /proc/<pid>/root: realpath reads "/"
             raise DriverError(f"{asked}: the {what} is reached through a link that names no path here "
                               f"(realpath gives {path}); give its real path")
+    cache: list[ldcache.Entry] = []
     found = read_file(root, "etc/ld.so.cache", MAX_CACHE)
-    if found is None:
-        raise DriverError(f"{root}: no etc/ld.so.cache under the driver root: {POINT_AT_DRIVER}")
-    try:
-        cache = ldcache.parse(*found[::-1])
-    except LdCacheError as e:
-        raise DriverError(str(e)) from None
-    resolver = Resolver(root)  # shared: the version fallback and the libraries resolve the same files
-    version = _version(root, dev_root, cache, resolver)
-    gpus = _gpus(dev_root)
-    devices = _devices(dev_root, gpus, _majors(dev_root))
+    if found is not None:
+        try:
+            cache = ldcache.parse(*found[::-1])
+        except LdCacheError as e:
+            raise DriverError(str(e)) from None
+    resolver = Resolver(root)  # shared: the version, the libraries and the binaries resolve the same files
+    from_libs = _cache_version(cache, resolver)
+    names: list[tuple[str, str]] | None = None
+    searched: list[str] = []
+    if from_libs is None:  # no cache, or it lists no driver (GKE, a driver unpacked anywhere): search
+        names, searched = _search(resolver)
+        from_libs = _searched_version(names, resolver)
+    libs = "no libcuda.so.<version> or libnvidia-ml.so.<version>"
+    where = f"{libs} in etc/ld.so.cache"
+    if names is not None:
+        dirs = ", ".join(searched) or "its library directories (it has none)"
+        where = f"{where} nor in {dirs}" if found else f"no etc/ld.so.cache, {libs} in {dirs}"
+    kernel = resolver if dev_root == root else Resolver(dev_root)  # the device root's files, likewise
+    version = _version(root, kernel, from_libs, where)
+    libraries = _libraries(cache, version, resolver) if names is None else _searched_libraries(names, version, resolver)
+    notes: list[str] = []
+    if search_path is None and root == "/":
+        search_path = os.environ.get("PATH")
+    binaries, refused = _binaries(resolver, _bin_dirs(root, libraries, search_path), version, notes)
+    gpus = _gpus(kernel)
+    devices = _devices(dev_root, gpus, _majors(kernel))
     dri, dri_nodes = _dri(dev_root, gpus)
-    migs, mig_caps = _migs(dev_root, gpus)
+    migs, mig_caps = _migs(kernel, gpus)
     configs, loader_texts = _configs(resolver)
-    procfs = resolve_in_root(dev_root, "proc/driver/nvidia")
+    procfs = _in(kernel, "proc/driver/nvidia")
     return Inventory(
         root=root,
         dev_root=dev_root,
         version=version,
         gpus=gpus,
         devices=devices | dri_nodes,
-        libraries=_libraries(cache, version, resolver),
-        firmware=_firmware(root, version),
+        libraries=libraries,
+        firmware=_firmware(resolver, kernel, version, notes),
         dri=dri,
         migs=migs,
         mig_caps=mig_caps,
-        binaries=_binaries(resolver),
+        binaries=binaries,
+        refused=refused,
         configs=configs,
         loader_texts=loader_texts,
         xorg=_xorg(resolver, version),
         ipc=_ipc(resolver),
         procfs=procfs if procfs is not None and os.path.isdir(procfs) else None,
+        libraries_from="etc/ld.so.cache" if names is None else "search of " + (", ".join(searched) or "no directory"),
+        notes=tuple(notes),
     )

@@ -19,7 +19,8 @@ import msgspec
 from mounts.errors import ElfError
 
 DT_NULL, DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_SONAME = 0, 1, 5, 10, 14
-PT_LOAD, PT_DYNAMIC = 1, 2
+PT_LOAD, PT_DYNAMIC, PT_INTERP = 1, 2, 3
+ET_EXEC, ET_DYN = 2, 3
 MACHINES = {3: "EM_386", 62: "EM_X86_64", 183: "EM_AARCH64"}
 
 # ehdr after e_ident, phdr, dyn; per ELF class, little-endian
@@ -58,6 +59,31 @@ def read_elf(path: str) -> ElfInfo:
         raise ElfError(f"{path}: truncated or malformed ELF file: {e or type(e).__name__}") from None
     finally:
         os.close(fd)
+
+
+def not_an_executable(head: bytes) -> str | None:
+    """Why a file that begins with ``head`` (its first bytes, 4 KiB are plenty) is no ELF
+    executable, or None when it is one: ET_EXEC, or ET_DYN with an interpreter (a PIE; a
+    shared library has none). A shell wrapper says which interpreter it names."""
+    if head.startswith(b"#!"):
+        line = head[2:].split(b"\n", 1)[0].strip()[:60]
+        return f"a script (#!{''.join(chr(c) if 32 <= c < 127 else '?' for c in line)})"
+    if head[:4] != b"\x7fELF":
+        return "not an ELF file"
+    if len(head) < 64 or head[5] != 1 or head[4] not in _LAYOUT:  # the driver's are little-endian
+        return "not a little-endian ELF file of 32 or 64 bits"
+    ehdr, phdr, _dyn = _LAYOUT[head[4]]
+    hdr = ehdr.unpack_from(head, 16)
+    e_type, phoff, phentsize, phnum = hdr[0], hdr[4], hdr[8], hdr[9]
+    if e_type == ET_EXEC:
+        return None
+    if e_type != ET_DYN:
+        return f"an ELF file of type {e_type}, not an executable"
+    if phentsize == phdr.size and phoff + phnum * phentsize <= len(head):
+        if any(ph[0] == PT_INTERP for ph in phdr.iter_unpack(head[phoff:phoff + phnum * phentsize])):
+            return None
+        return "an ELF shared library, not an executable"
+    return "an ELF file whose program headers lie past its first 4 KiB"
 
 
 def _pread(fd: int, size: int, offset: int, head: bytes, what: str, fsize: int) -> bytes:

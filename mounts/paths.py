@@ -117,19 +117,52 @@ class Resolver:
     def __init__(self, root: str):
         self.root = root
         self._dirs: dict[str, str | None] = {}
+        self._files: dict[str, tuple[str, int] | None] = {}  # file()'s answers: a cache entry and the version ask alike
+
+    def directory(self, path: str) -> str | None:
+        """The host path ``path`` leads to inside the root (resolved once), or None if it does
+        not exist. Links that loop raise LinkLoop. From its parent's answer: one lstat a
+        directory, where the parent was resolved before (a walk from the root otherwise)."""
+        head = path.rstrip("/")
+        d = self._dirs.get(head, _LOOP)
+        if d is _LOOP and head not in self._dirs:
+            d = self._dirs[head] = self._directory(head)
+        if d is _LOOP:
+            raise LinkLoop(path)
+        return d
+
+    def _directory(self, head: str) -> str | None:
+        parent, _, name = head.rpartition("/")
+        try:
+            if name in ("", ".", "..") or (host := self.directory(parent)) is None:
+                return _resolve(self.root, head) if name in ("", ".", "..") else None
+            st = os.lstat(host.rstrip("/") + "/" + name)
+        except LinkLoop:
+            return _LOOP
+        except OSError:
+            return None
+        if not stat.S_ISLNK(st.st_mode):
+            return host.rstrip("/") + "/" + name
+        # a link: the walk goes on from the parent's real path, as _resolve's would
+        base = self.root.rstrip("/")
+        try:
+            return _resolve(self.root, host[len(base):] + "/" + name)
+        except LinkLoop:
+            return _LOOP
 
     def file(self, path: str) -> tuple[str, int] | None:
         """(host path, st_mode of the file found) for ``path`` inside the root, or None if it
-        does not exist. Links that loop raise LinkLoop."""
+        does not exist, each path resolved once. Links that loop raise LinkLoop."""
+        if path in self._files:
+            return self._files[path]
+        found = self._files[path] = self._file(path)
+        return found
+
+    def _file(self, path: str) -> tuple[str, int] | None:
         head, _, name = path.rstrip("/").rpartition("/")
-        if head not in self._dirs:
-            try:
-                self._dirs[head] = _resolve(self.root, head)
-            except LinkLoop:
-                self._dirs[head] = _LOOP
-        d = self._dirs[head]
+        d = self._dirs.get(head, _LOOP)  # (inline: this is discovery's hottest call)
         if d is _LOOP:
-            raise LinkLoop(path)
+            d = self.directory(head)
         if d is None:
             return None
         if name in ("", ".", ".."):

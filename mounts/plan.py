@@ -26,7 +26,7 @@ from mounts.catalog import (
     IPC,
     LIBRARIES,
 )
-from mounts.driver import IMEX_DIR, DriverLib, Gpu, Inventory, Mig, dri_link
+from mounts.driver import IMEX_DIR, POINT_AT_DRIVER, DriverLib, Gpu, Inventory, Mig, dri_link
 from mounts.errors import DriverError, ElfError, RequestError
 from mounts.layout import CUDA_COMPAT, Layout
 from mounts.ldcache import FLAG_REQUIRED_MASK, Entry
@@ -39,6 +39,7 @@ class Plan(msgspec.Struct, frozen=True):
     gpus: list[Gpu]
     actions: list[A.AnyAction]
     migs: list[Mig] = []
+    notes: list[str] = []  # discovery's: the candidates it passed over (--debug prints them)
 
 
 def mig_nodes(request: GpuRequest, inventory: Inventory, gpus: list[Gpu], migs: list[Mig]) -> list[tuple[str, str]]:
@@ -231,11 +232,14 @@ def iter_plan(request: GpuRequest, inventory: Inventory, layout: Layout,
             yield A.Symlink(to, f"{layout.lib64}/{link}")
             entries.append(Entry(link, f"{layout.lib64}/{link}", flags))
 
-    for cap in sorted(caps & BINARIES.keys()):
+    for cap in sorted(caps & BINARIES.keys()):  # the driver's ELF executables, where images run them by PATH
         for name in BINARIES[cap]:
             path = inventory.binaries.get(name)
             if path is not None:
                 yield A.Binary(path, f"{layout.bin}/{name}", A.RO_LIB)
+            elif name in inventory.refused:  # a wrapper alone: bound, it would exec what the container lacks
+                raise DriverError(f"{name}: no ELF executable of the driver's found, only {inventory.refused[name]}: "
+                                  f"{POINT_AT_DRIVER}")
 
     for target, host in inventory.firmware.items():
         yield A.Firmware(host, target, A.RO_LIB)
@@ -283,5 +287,5 @@ def compute_plan(request: GpuRequest | None, inventory: Inventory | None, layout
     gpus, migs = select_gpus(request, inventory), select_migs(request, inventory)
     actions = list(iter_plan(request, inventory, layout, gpus, migs))
     driver = {"version": inventory.version, "cuda": inventory.cuda_version, "root": inventory.root,
-              "dev_root": inventory.dev_root}
-    return Plan(driver, gpus, actions, migs)
+              "dev_root": inventory.dev_root, "libraries_from": inventory.libraries_from}
+    return Plan(driver, gpus, actions, migs, list(inventory.notes))

@@ -42,6 +42,9 @@ def generate(args) -> int:
     from sandbox.launcher import entry_code
 
     inventory = discover(args.driver_root, args.dev_root)
+    if getattr(args, "debug", False):  # what discovery passed over: wrappers, links leading nowhere ...
+        for note in inventory.notes:
+            print(f"sandbox cdi generate: debug: {note}", file=sys.stderr)
     if not inventory.gpus:
         raise SandboxError(f"{inventory.dev_root}: no NVIDIA GPU found (/proc/driver/nvidia/gpus is empty)")
     hook = [sys.executable, "-I", "-S", "-c", entry_code(), "cdi", "hook"]

@@ -54,6 +54,7 @@ class Options(NamedTuple):
     trace: str | None = None  # --trace FILE
     systemd_cgroup: bool = False  # --systemd-cgroup: cgroupsPath is slice:prefix:name
     cdi_spec_dirs: tuple[str, ...] = ()  # --cdi-spec-dir, after /etc/cdi and /var/run/cdi
+    debug: bool = False  # --debug: discovery's notes on stderr
 
 
 def options(args, detached: bool, foreground: bool) -> Options:
@@ -64,7 +65,7 @@ def options(args, detached: bool, foreground: bool) -> Options:
                    getattr(args, "capabilities", None), getattr(args, "max_capabilities", None),
                    getattr(args, "scratch_size", None), args.console_socket, args.preserve_fds,
                    detached, foreground, args.trace, getattr(args, "systemd_cgroup", False),
-                   tuple(getattr(args, "cdi_spec_dir", ())))
+                   tuple(getattr(args, "cdi_spec_dir", ())), bool(getattr(args, "debug", False)))
 
 
 class Launched(NamedTuple):
@@ -359,6 +360,11 @@ def _stream_plan(sock, request, bundle, opts: Options, spans, cgroup=None) -> No
     with spans.span("discovery"):
         inventory = discover(opts.driver_root, opts.dev_root)
         layout = layout_of(bundle.rootfs)
+    if opts.debug:  # what discovery passed over: wrappers, links leading nowhere ...
+        from sandbox.messages import stderr_line
+
+        for note in inventory.notes:
+            stderr_line(f"sandbox: debug: {note}")
     t = time.monotonic_ns()
     n = 0
     for action in iter_plan(request, inventory, layout):

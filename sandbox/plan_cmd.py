@@ -14,6 +14,9 @@ def main(args) -> int:
     plan = plan_bundle(args.bundle, args.driver_root, args.gpus, args.capabilities, getattr(args, "max_capabilities", None),
                        dev_root=args.dev_root, cdi_dirs=tuple(getattr(args, "cdi_spec_dir", ())))
     out = sys.stdout
+    if getattr(args, "debug", False):  # what discovery passed over: wrappers, links leading nowhere ...
+        for note in plan.notes:
+            sys.stderr.write(f"sandbox plan: debug: {note}\n")
     if args.json:
         out.write(msgspec.json.encode(plan).decode() + "\n")
         return 0
@@ -21,8 +24,10 @@ def main(args) -> int:
         out.write("no GPU requested: empty plan\n")
         return 0
     d = plan.driver
+    found = d.get("libraries_from")
     out.write(f"driver {d['version']} (CUDA {d['cuda']}) at {d['root']}; "
-              f"GPUs: {', '.join(f'{g.index}:{g.busid}' for g in plan.gpus) or 'none'}"
+              + (f"libraries by {found} (no ld.so.cache entry); " if found and found != "etc/ld.so.cache" else "")
+              + f"GPUs: {', '.join(f'{g.index}:{g.busid}' for g in plan.gpus) or 'none'}"
               + "".join(f"; MIG: {', '.join(f'gpu{m.minor}/gi{m.gi}/ci{m.ci}' for m in plan.migs)}" for _ in plan.migs[:1])
               + "\n")
     rows = [(a.kind, a.target, a.source if not isinstance(a, LdCache) else f"{len(a.entries)} entries",

@@ -323,6 +323,134 @@ def _fake_mig(root: Path, minor: int) -> dict[str, tuple[int, int]]:
     return nodes
 
 
+# --- the driver where GPU fleets keep it -------------------------------------------------
+
+# (where a fleet's driver root is under the fixture's top directory, which is its device root)
+FLEETS = {
+    "h200": "",  # a cloud GPU image: /usr/local/nvidia/{lib64,bin,firmware}, a wrapper at /usr/bin/nvidia-smi
+    "gke": "home/kubernetes/bin/nvidia",  # GKE's COS nodes: {lib64,bin}, in no ld.so.cache
+    "runfile": "",  # NVIDIA's .run installer on a multiarch distribution: /usr/lib/x86_64-linux-gnu, /usr/bin
+    "runfile-lib64": "",  # the same on a lib64 distribution: /usr/lib64, /usr/lib64/xorg/modules
+    "operator": "run/nvidia/driver",  # the GPU operator's driver container: its root at /run/nvidia/driver
+}
+FLEET_REV = 1  # bump when what fleet_driver() builds changes
+KERNEL_RELEASE = "6.18.44-fc-v1252-gpu"  # the H200 host's (gpu-check), as proc/sys/kernel/osrelease says
+SMI_WRAPPER = """#!/bin/bash
+# nvidia-smi: the driver lives under /usr/local/nvidia on this image (read-only).
+# Put its libraries first so that this nvidia-smi finds its own NVML.
+if [ -d /usr/local/nvidia/lib64 ]; then
+  export LD_LIBRARY_PATH=/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+# The real binary; this script stays in /usr/bin for the image's PATH.
+# (it is what the H200 host's /usr/bin/nvidia-smi does)
+exec /usr/local/nvidia/bin/nvidia-smi "$@"
+"""
+
+
+def _driver_files(deb_root: Path, version: str) -> tuple[list[Path], dict[str, Path], list[Path]]:
+    """The regular files of the unpacked packages a fleet's layout rearranges: the 64-bit
+    libraries carrying the version (or NVIDIA's EGL platforms), the binaries by name, the
+    GSP firmware."""
+    libs = sorted(p for p in (deb_root / ARCH_DIR).rglob("lib*.so.*") if p.is_file() and not p.is_symlink()
+                  and (p.name.endswith("." + version) or p.name.startswith("libnvidia-egl-")))
+    bins = {"nvidia-smi": deb_root / "usr/lib/nvidia/current/nvidia-smi",
+            "nvidia-cuda-mps-control": deb_root / "usr/bin/nvidia-cuda-mps-control",
+            "nvidia-cuda-mps-server": deb_root / "usr/sbin/nvidia-cuda-mps-server",
+            "nvidia-persistenced": deb_root / "usr/bin/nvidia-persistenced"}
+    firmware = sorted((deb_root / f"lib/firmware/nvidia/{version}").glob("gsp*.bin"))
+    return libs, bins, firmware
+
+
+def _place_libraries(libs: list[Path], dest: Path) -> None:
+    """Each library hard-linked into ``dest`` with the links an installer makes: its SONAME
+    (read from its ELF header) and the development name (libcuda.so -> libcuda.so.1)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from mounts.elf import read_elf
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for lib in libs:
+        os.link(lib, dest / lib.name)
+        soname = read_elf(str(lib)).soname or lib.name
+        if soname != lib.name and not (dest / soname).exists():
+            (dest / soname).symlink_to(lib.name)
+        dev = lib.name[:lib.name.index(".so.") + 3]
+        if not (dest / dev).exists():
+            (dest / dev).symlink_to(soname)
+
+
+def _place(files, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        os.link(f, dest / f.name)
+
+
+def fleet_driver(layout: str) -> tuple[Path, Path]:
+    """(driver root, device root) of the real 535 driver laid out as a GPU fleet keeps it
+    (FLEETS): driver_535()'s files (Debian's packages unpacked with dpkg -x), hard-linked
+    into another layout without Debian's nvidia/current directories and alternatives, with
+    the links and ld.so.cache (where the layout has one, by ``ldconfig -r``) an install
+    makes, and the kernel's side (/proc, /dev nodes, the kernel's release and, where the
+    image sets it, firmware_class's path) under the device root."""
+    top = CACHE / f"fleet-{layout}-v{FLEET_REV}"
+    driver = top / FLEETS[layout]
+    if _done(top):
+        return driver, top
+    deb = driver_535()
+    version = driver_version(deb)
+    libs, bins, firmware = _driver_files(deb, version)
+    tmp = _fresh(top)
+    root = tmp / FLEETS[layout]
+    root.mkdir(parents=True, exist_ok=True)
+    configs = ["usr/share/vulkan", "usr/share/glvnd", "usr/share/egl", "etc/OpenCL"]
+    xorg = [deb / "usr/lib/nvidia/current/nvidia_drv.so", deb / f"usr/lib/nvidia/current/libglxserver_nvidia.so.{version}"]
+    if layout == "h200":
+        for d in ("bin", "lib", "lib64", "sbin"):  # Ubuntu's merged /usr
+            (root / "usr" / d).mkdir(parents=True, exist_ok=True)
+            (root / d).symlink_to(f"usr/{d}")
+        nv = root / "usr/local/nvidia"
+        _place_libraries(libs, nv / "lib64")
+        _place(bins.values(), nv / "bin")
+        _place(firmware, nv / f"firmware/nvidia/{version}")
+        (root / "usr/bin/nvidia-smi").write_text(SMI_WRAPPER)
+        (root / "usr/bin/nvidia-smi").chmod(0o755)
+        param = tmp / "sys/module/firmware_class/parameters/path"
+        param.parent.mkdir(parents=True)
+        param.write_text("/usr/local/nvidia/firmware\n")
+        conf = "/usr/local/nvidia/lib64\n"
+        configs = ["usr/share/vulkan", "usr/share/glvnd"]  # (what the H200 host's CDI spec named)
+        xorg = []
+    elif layout == "gke":
+        _place_libraries(libs, root / "lib64")
+        _place(bins.values(), root / "bin")
+        _place(firmware, tmp / f"lib/firmware/nvidia/{version}")  # the kernel's, under the device root
+        conf = None
+        configs, xorg = [], []
+    else:  # an installer's, directly in the distribution's directories
+        libdir = "usr/lib64" if layout == "runfile-lib64" else ARCH_DIR
+        _place_libraries(libs, root / libdir)
+        _place([bins["nvidia-smi"], bins["nvidia-cuda-mps-control"], bins["nvidia-persistenced"],
+                bins["nvidia-cuda-mps-server"]], root / "usr/bin")
+        _place(firmware, root / f"lib/firmware/nvidia/{version}")
+        xdir = root / ("usr/lib64" if layout == "runfile-lib64" else "usr/lib") / "xorg/modules"
+        _place(xorg[:1], xdir / "drivers")
+        _place(xorg[1:], xdir / "extensions")
+        conf = f"/{libdir}\n"
+    for d in configs:
+        shutil.copytree(deb / d, root / d, symlinks=True, copy_function=os.link)
+    if conf is not None:
+        (root / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
+        (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+        (root / "etc/ld.so.conf.d/driver.conf").write_text(conf)
+        run("ldconfig", "-r", root)
+    _fake_kernel_side(tmp, version, GPUS)
+    (tmp / "proc/sys/kernel").mkdir(parents=True)
+    (tmp / "proc/sys/kernel/osrelease").write_text(KERNEL_RELEASE + "\n")
+    (tmp / ".version").write_text(version + "\n")
+    _finish(tmp, top)
+    return driver, top
+
+
 # --- synthetic driver roots --------------------------------------------------------------
 
 

@@ -57,3 +57,23 @@ def test_other_byte_orders_go_to_pyelftools(tmp_path):
     p = tmp_path / "be.so"
     p.write_bytes(header)
     assert read_elf(str(p)) == ElfInfo(64, "EM_PPC64", None, ())
+
+
+def test_what_is_an_executable(tmp_path, driver_root, driver_version, rootfs_debian):
+    """The driver's binaries are ET_EXEC; a PIE (ET_DYN with an interpreter, as Debian builds
+    its own) is one too; a shared library, a wrapper script or anything else is not."""
+    from mounts.elf import not_an_executable
+
+    def head(path):
+        with open(path, "rb") as f:
+            return f.read(4096)
+
+    assert not_an_executable(head(driver_root / "usr/lib/nvidia/current/nvidia-smi")) is None
+    assert not_an_executable(head(rootfs_debian / "usr/bin/cudacheck")) is None  # gcc's default: a PIE
+    lib = driver_root / f"usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.{driver_version}"
+    assert not_an_executable(head(lib)) == "an ELF shared library, not an executable"
+    assert not_an_executable(b"#!/bin/bash\nexec /usr/local/nvidia/bin/nvidia-smi\n") == "a script (#!/bin/bash)"
+    assert not_an_executable(b"#! /bin/sh -e\x1b[31m\n") == "a script (#!/bin/sh -e?[31m)"  # nothing raw reaches a terminal
+    assert not_an_executable(b"\x7fELF") == "not a little-endian ELF file of 32 or 64 bits"
+    assert not_an_executable(b"MZ\x90\x00") == "not an ELF file"
+    assert not_an_executable(b"") == "not an ELF file"
