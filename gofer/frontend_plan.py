@@ -9,7 +9,7 @@ import os
 import resource
 
 from gofer import process
-from mounts.errors import ExecError, ProcessError
+from mounts.errors import BundleError, ExecError, ProcessError
 from mounts.spec import Personality, Process, Seccomp
 
 MAX_PLAN = 200_000  # bytes: well inside a SOCK_SEQPACKET message (the socket's send buffer)
@@ -52,10 +52,11 @@ def process_records(proc: Process) -> list[str]:
     user = proc.user
     records = [f"nnp {int(proc.no_new_privileges)}", f"lastcap {process.LAST_CAP}",
                f"umask {user.umask if user.umask is not None else process.DEFAULT_UMASK}",
-               f"codes {ProcessError.exit_code} {ExecError.exit_code}", "caps " + " ".join(f"{m:x}" for m in masks),
+               f"codes {ProcessError.exit_code} {ExecError.exit_code} {BundleError.exit_code}", "caps " + " ".join(f"{m:x}" for m in masks),
                f"user {user.uid} {user.gid}", *(f"group {g}" for g in user.additional_gids)]
-    return records + [f"rlimit {getattr(resource, rl.type)} {rl.soft} {rl.hard} {rl.type} soft {rl.soft} hard {rl.hard}"
-                      for rl in proc.rlimits]
+    # (the text after the numbers: what an error names, as gofer.process.set_rlimits does)
+    return records + [f"rlimit {getattr(resource, rl.type)} {rl.soft} {rl.hard} [{i}]: {rl.type} soft {rl.soft} "
+                      f"hard {rl.hard}" for i, rl in enumerate(proc.rlimits)]
 
 
 def seccomp_memfd(bpf: bytes) -> int:

@@ -264,14 +264,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     with spans.span("pivot_root"):
         rootfs.pivot(root)
     with spans.span("masks"):
-        # sysctls through the container's own /proc, before readonlyPaths close /proc/sys
-        # (the keys were checked to belong to namespaces of its own)
-        for key, value in spec.linux.sysctl.items():
-            fd = sc.open_proc("sys/" + key.replace(".", "/"), os.O_WRONLY)  # the host's procfs: ours
-            try:
-                os.write(fd, value.encode())
-            finally:
-                os.close(fd)
+        rootfs.write_sysctls(spec.linux.sysctl)  # (before readonlyPaths close /proc/sys)
         rootfs.mask_and_protect(spec)
         if spec.root.readonly:
             rootfs.readonly_root(root)
@@ -351,7 +344,7 @@ def _enter(spec, start: protocol.Start, sock: socket.socket, parent: int, in_use
         # we would remove by fds opened first. (In a user namespace the keeper above us
         # removes the cgroups: we cannot.)
         pinned = None if in_userns or start.detached else Leftovers(start.cgroup_created, start.state_dir)
-        child = os.fork()
+        child = process.fork_in_cgroup(spec, "pid 1")
         if child:
             sock.close()
             if start.detached:  # create: the init outlives us; the caller (a subreaper) reaps it

@@ -5,6 +5,7 @@ default signal dispositions, then exec with the spec's environment only (docs/de
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import resource
@@ -18,17 +19,17 @@ import msgspec
 import prctl
 
 from gofer import syscalls as sc
-from mounts.errors import ExecError, ProcessError
+from mounts.errors import BundleError, ExecError, ProcessError
 from mounts.spec import (
     CAP_NUMBERS,
     IOPRIO_CLASSES,
     PERSONALITY_DOMAINS,
-    RLIM_MAX,
     SCHED_FLAGS,
     SCHED_POLICIES,
     Capabilities,
     Personality,
     Process,
+    Spec,
 )
 
 NO_CAPABILITIES = Capabilities()
@@ -60,16 +61,31 @@ def _cap_numbers(names: list[str], field: str) -> set[int]:
     return caps
 
 
+def fork_in_cgroup(spec: Spec, what: str) -> int:
+    """os.fork for ``what``, we being in the container's cgroup: where its pids limit leaves
+    no room for the processes the runtime makes there (runc's init forks none; our gofer
+    forks pid 1), the limit is named, not the bare EAGAIN."""
+    try:
+        return os.fork()
+    except BlockingIOError:
+        r = spec.linux.resources
+        limit = r.pids.limit if r is not None and r.pids is not None else 0
+        if limit <= 0:
+            raise
+        raise BundleError(f"linux.resources.pids.limit: {limit} is too low for the runtime to start the container "
+                          f"(its fork of {what} in the container's cgroup failed: {os.strerror(errno.EAGAIN)})") from None
+
+
 def set_rlimits(proc: Process) -> None:
-    for rl in proc.rlimits:
+    """Each as the spec gives it (2^64-1 is RLIM_INFINITY, as the kernel spells it too);
+    the kernel's refusal names the entry (a hard RLIMIT_NOFILE above fs.nr_open: EPERM)."""
+    for i, rl in enumerate(proc.rlimits):
         which = getattr(resource, rl.type)  # the name was checked when the spec was parsed
-        # the spec's 2^64-1 is RLIM_INFINITY, which Python spells -1
-        soft, hard = (resource.RLIM_INFINITY if v == RLIM_MAX else v for v in (rl.soft, rl.hard))
         try:
-            resource.setrlimit(which, (soft, hard))
-        except (ValueError, OSError) as e:
-            raise ProcessError(f"process.rlimits: {rl.type} soft {rl.soft} hard {rl.hard}: "
-                               f"{getattr(e, 'strerror', None) or e}") from None
+            sc.setrlimit(which, rl.soft, rl.hard)
+        except sc.SyscallError as e:
+            raise ProcessError(f"process.rlimits[{i}]: {rl.type} soft {rl.soft} hard {rl.hard}: "
+                               f"{os.strerror(e.errno)}", code=2) from None
 
 
 def apparmor() -> bool:

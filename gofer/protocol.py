@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import socket
 import struct
+from typing import Annotated
 
 import msgspec
 
@@ -46,7 +47,7 @@ class Start(msgspec.Struct, frozen=True, tag_field="kind", tag="start"):
     exec_fifo: str | None = None  # create: the init waits on this FIFO until start
     console_socket: str | None = None  # a new pty; its master goes to this socket
     detached: bool = False  # create: the init outlives us (no PDEATHSIG tie to us)
-    preserve_fds: int = 0  # fds 3 .. 3+N-1 of ours pass on to the container
+    preserve_fds: Annotated[int, msgspec.Meta(ge=0)] = 0  # fds 3 .. 3+N-1 of ours pass on to the container
     hooks_pause: bool = False  # stop before pivot_root for the runtime-namespace hooks
     cgroup_created: list[str] = []  # what to remove if the supervisor dies under a running pid 1
     state_dir: str | None = None  # sandbox run's state directory: removed with them

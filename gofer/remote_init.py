@@ -39,6 +39,10 @@ from gofer.frontend_plan import (
 from mounts.errors import MountError, SandboxError
 from mounts.spec import Spec
 
+# The processes a served create has in the container's cgroup at once: the launcher, pid 1,
+# the gofer and its builder (Python's create: the gofer and pid 1, the limit named if fewer).
+SERVED_PROCESSES = 4
+
 
 def unsupported_create(spec: Spec) -> str | None:
     """Why the launcher's init cannot serve ``spec`` (sandbox/create_frontend.py declines it
@@ -56,6 +60,9 @@ def unsupported_create(spec: Spec) -> str | None:
     hooks = spec.hooks.ours() if spec.hooks is not None else None
     if hooks is not None and hooks.start_container:  # (pid 1 would run them, after start)
         return "startContainer hooks"
+    pids = spec.linux.resources.pids if spec.linux.resources is not None else None
+    if pids is not None and 0 < pids.limit < SERVED_PROCESSES:
+        return f"a pids limit under {SERVED_PROCESSES}"
     return unsupported(proc, None, spec.linux.seccomp, spec.linux.personality) or too_big(proc)
 
 

@@ -10,8 +10,8 @@ import stat
 
 from gofer import syscalls as sc
 from gofer.root import MS, Root
-from mounts.errors import MountError, ProcessError, SandboxError
-from mounts.spec import Device, Mount, Spec
+from mounts.errors import BundleError, MountError, ProcessError, SandboxError
+from mounts.spec import Device, Mount, Spec, sysctl_file
 
 # mount(8) option -> (flags to set, flags to clear)
 FLAGS = {
@@ -298,15 +298,16 @@ def make_devices(root: Root, devices: list[Device], bind: bool = False) -> None:
     container's /dev (a tmpfs from the spec, or an overlay of the image's /dev). With
     ``bind`` (in a user namespace, where mknod is not allowed) the host's own nodes at the
     same paths are bound instead, as runc binds them."""
-    dev = root.ensure_dir("/dev")
-    root.not_the_root(dev, "/dev")
-    dev = root.writable(dev, "/dev")
+    root.not_the_root(root.ensure_dir("/dev"), "/dev")
     wanted = [("/dev/" + n, "c", ma, mi, 0o666, 0, 0) for n, ma, mi in DEFAULT_DEVICES]
     wanted += [(d.path, d.type, d.major or 0, d.minor or 0, d.file_mode & 0o7777 if d.file_mode is not None else 0o666,
                 d.uid or 0, d.gid or 0) for d in devices]
     for path, kind, major, minor, mode, uid, gid in wanted:
+        # Each parent looked up afresh (Root caches them): a node in a directory of the image's
+        # root ("/x", or "/etc/../../x", which runc's securejoin makes /x too) overlays the
+        # root, and the fds of the directories below it, /dev's too, then name hidden mounts.
         head, _, name = path.rpartition("/")
-        parent = dev if head == "/dev" else root.writable(root.ensure_dir(head), head)
+        parent = root.writable(root.ensure_dir(head or "/"), head or "/")
         fmt = {"c": stat.S_IFCHR, "u": stat.S_IFCHR, "b": stat.S_IFBLK, "p": stat.S_IFIFO}.get(kind)
         if fmt is None:
             raise MountError(path, f"linux.devices: unknown device type {kind!r}")
@@ -322,6 +323,7 @@ def make_devices(root: Root, devices: list[Device], bind: bool = False) -> None:
             os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
         except OSError as e:
             raise MountError(path, f"mknod {kind} {major}:{minor}: {e.strerror}") from None
+    dev = root.writable(root.ensure_dir("/dev"), "/dev")
     for name, target in DEV_LINKS:
         try:
             os.symlink(target, name, dir_fd=dev)
@@ -368,6 +370,28 @@ def pivot(root: Root) -> None:
     sc.pivot_root(".", ".")
     sc.umount2(".", sc.MNT_DETACH)
     os.chdir("/")
+
+
+def write_sysctls(sysctl: dict[str, str]) -> None:
+    """linux.sysctl, each through our procfs (opened before any namespace: its /proc/sys/net
+    is the network namespace we are in). The keys were checked to be names of namespaces of
+    the container's own (mounts/bundle.py); one this kernel or namespace lacks, or a value
+    it refuses, is the bundle's error."""
+    for key, value in sysctl.items():
+        name = "sys/" + sysctl_file(key)
+        try:
+            fd = sc.open_proc(name, os.O_WRONLY)
+        except FileNotFoundError:
+            raise BundleError(f"linux.sysctl: {key!r}: no such sysctl in the container's namespaces "
+                              f"(/proc/{name})") from None
+        except OSError as e:
+            raise BundleError(f"linux.sysctl: {key!r}: /proc/{name}: {e.strerror}") from None
+        try:
+            os.write(fd, value.encode())
+        except OSError as e:
+            raise BundleError(f"linux.sysctl: {key!r}: the kernel refuses {value[:64]!r}: {e.strerror}") from None
+        finally:
+            os.close(fd)
 
 
 def mask_and_protect(spec: Spec) -> None:

@@ -403,6 +403,21 @@ def personality(persona: int) -> None:
     _check(_personality(persona), "personality", hex(persona))
 
 
+class _Rlimit(ctypes.Structure):
+    _fields_ = [("cur", ctypes.c_uint64), ("max", ctypes.c_uint64)]
+
+
+_prlimit = _libc.prlimit
+_prlimit.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_Rlimit), ctypes.POINTER(_Rlimit)]
+_prlimit.restype = ctypes.c_int
+
+
+def setrlimit(resource: int, soft: int, hard: int) -> None:
+    """This process's limit, the values as the kernel takes them (unsigned 64 bits; 2^64-1 is
+    RLIM_INFINITY): Python's resource.setrlimit refuses anything from 2^63 up."""
+    _check(_prlimit(0, resource, ctypes.byref(_Rlimit(soft, hard)), None), "setrlimit", f"{resource}")
+
+
 def ioprio_set(ioclass: int, priority: int) -> None:
     """This process's I/O scheduling class and priority (ioprio_set(2))."""
     res = _syscall(ctypes.c_long(_NR["ioprio_set"]), ctypes.c_int(IOPRIO_WHO_PROCESS), ctypes.c_int(0),

@@ -14,8 +14,11 @@ import msgspec
 from mounts.errors import BundleError
 from mounts.spec import (
     CAP_NUMBERS,
+    HOST_NAME_MAX,
     IOPRIO_CLASSES,
+    MEMORY_LIMIT_MIN,
     NAMESPACE_TYPES,
+    NGROUPS_MAX,
     PERSONALITY_DOMAINS,
     PROPAGATIONS,
     RLIM_MAX,
@@ -28,9 +31,11 @@ from mounts.spec import (
     SYSCTL_NAMESPACES,
     UINT32_MAX,
     Capabilities,
+    Hooks,
     Process,
     Resources,
     Spec,
+    sysctl_name,
 )
 
 MAX_CONFIG = 32 << 20  # bytes of config.json: what the gofer's wire carries with room to spare
@@ -63,6 +68,14 @@ def _version(spec: Spec) -> None:
         raise Invalid("ociVersion", f"{v!r} is not a version 1.x.y of the runtime spec")
 
 
+def _env(env: list[str], field: str) -> None:
+    """NAME=VALUE, NAME not empty (runc refuses the others: 'invalid environment variable')."""
+    for i, item in enumerate(env):
+        name, eq, _ = item.partition("=")
+        if not eq or not name:
+            raise Invalid(f"{field}[{i}]", f"{item[:64]!r} is not NAME=VALUE")
+
+
 def _process(spec: Spec) -> None:
     """The process's own fields (also what exec --process gives): cwd (runc's rules), ids
     as uint32, capabilities and rlimits by name, ranges the kernel takes."""
@@ -73,8 +86,12 @@ def _process(spec: Spec) -> None:
         raise Invalid("process.cwd", "must not be empty")
     if not proc.cwd.startswith("/"):
         raise Invalid("process.cwd", f"{proc.cwd!r} is not an absolute path")
+    _env(proc.env, "process.env")
     _range(proc.user.uid, 0, UINT32_MAX, "process.user.uid")
     _range(proc.user.gid, 0, UINT32_MAX, "process.user.gid")
+    if len(proc.user.additional_gids) > NGROUPS_MAX:
+        raise Invalid("process.user.additionalGids", f"{len(proc.user.additional_gids)} groups is over the "
+                      f"kernel's limit of {NGROUPS_MAX} (NGROUPS_MAX)")
     for i, gid in enumerate(proc.user.additional_gids):
         _range(gid, 0, UINT32_MAX, f"process.user.additionalGids[{i}]")
     if proc.user.umask is not None:
@@ -89,6 +106,8 @@ def _process(spec: Spec) -> None:
             raise Invalid(f"process.rlimits[{i}].type", f"unknown limit {rl.type!r}")
         _range(rl.soft, 0, RLIM_MAX, f"process.rlimits[{i}].soft")
         _range(rl.hard, 0, RLIM_MAX, f"process.rlimits[{i}].hard")
+        if rl.soft > rl.hard:  # (setrlimit(2): EINVAL)
+            raise Invalid(f"process.rlimits[{i}]", f"{rl.type} soft {rl.soft} is above hard {rl.hard}")
     if proc.oom_score_adj is not None:
         _range(proc.oom_score_adj, -1000, 1000, "process.oomScoreAdj")
     if proc.io_priority is not None:
@@ -133,6 +152,22 @@ def _namespaces(spec: Spec) -> None:
 def _hostname(spec: Spec) -> None:
     if spec.hostname and not any(ns.type == "uts" for ns in spec.linux.namespaces):
         raise Invalid("hostname", "cannot be set without a UTS namespace in linux.namespaces")
+    if spec.hostname and len(spec.hostname.encode()) > HOST_NAME_MAX:
+        raise Invalid("hostname", f"{len(spec.hostname.encode())} bytes is over the kernel's limit of "
+                      f"{HOST_NAME_MAX}")
+
+
+_HOOK_FIELDS = tuple((f.name, f.encode_name) for f in msgspec.structs.fields(Hooks))
+
+
+def _hooks(spec: Spec) -> None:
+    """An absolute path (the runtime spec's rule; runc fails to exec any other) and NAME=VALUE
+    variables, as the process's."""
+    for name, camel in _HOOK_FIELDS if spec.hooks is not None else ():
+        for i, hook in enumerate(getattr(spec.hooks, name)):
+            if not hook.path.startswith("/"):
+                raise Invalid(f"hooks.{camel}[{i}].path", f"{hook.path!r} is not an absolute path")
+            _env(hook.env, f"hooks.{camel}[{i}].env")
 
 
 def _user_namespace(spec: Spec) -> None:
@@ -183,7 +218,7 @@ def _sysctl(spec: Spec) -> None:
     for key, value in spec.linux.sysctl.items():
         if not re.fullmatch(r"[A-Za-z0-9_-]+([./][A-Za-z0-9_-]+)*", key) or "\n" in value:
             raise Invalid("linux.sysctl", f"{key!r} is not a sysctl name (or its value has a newline)")
-        name = key.translate(str.maketrans("./", "/.")) if "/" in key.split(".", 1)[0] else key
+        name = sysctl_name(key)
         ns = next((n for prefix, n in SYSCTL_NAMESPACES if name == prefix or (prefix.endswith(".") and
                                                                                name.startswith(prefix))), None)
         if ns == "uts" and name == "kernel.hostname" and "uts" in namespaces:
@@ -195,8 +230,14 @@ def _sysctl(spec: Spec) -> None:
 
 
 def _resources(spec: Spec) -> None:
-    if spec.linux.resources is not None:
-        check_resources(spec.linux.resources)
+    r = spec.linux.resources
+    if r is None:
+        return
+    check_resources(r)
+    limit = r.memory.limit if r.memory is not None else None
+    if limit is not None and 0 < limit < MEMORY_LIMIT_MIN:  # (0: unset, -1: unlimited)
+        raise Invalid("linux.resources.memory.limit", f"{limit} is below the {MEMORY_LIMIT_MIN} bytes the "
+                      "runtime's own processes need in the container's cgroup to start it")
 
 
 def check_resources(r: Resources) -> None:
@@ -233,6 +274,10 @@ def _root_and_devices(spec: Spec) -> None:
         raise Invalid("linux.rootfsPropagation", f"{spec.linux.rootfs_propagation!r} is not one of "
                       f"{', '.join(PROPAGATIONS)}")
     for i, d in enumerate(spec.linux.devices):
+        # made where the path leads inside the root, ".." included, as runc's securejoin
+        # does ("/etc/../../x" is /x); but it must end in a name
+        if d.path.rstrip("/") != d.path or d.path.rpartition("/")[2] in ("", ".", ".."):
+            raise Invalid(f"linux.devices[{i}].path", f"{d.path!r} does not end in a file name")
         if d.type not in ("c", "u", "b", "p"):
             raise Invalid(f"linux.devices[{i}].type", f"{d.type!r} is not c, u, b or p")
         for name in ("major", "minor", "uid", "gid"):
@@ -289,7 +334,7 @@ def _seccomp(spec: Spec) -> None:
 
 # In the order a reader of config.json meets the fields. Each takes the spec, raises Invalid.
 CHECKS: tuple[Callable[[Spec], None], ...] = (
-    _version, _process, _scheduler, _namespaces, _hostname, _user_namespace, _unsupported, _sysctl,
+    _version, _process, _scheduler, _namespaces, _hostname, _hooks, _user_namespace, _unsupported, _sysctl,
     _resources, _root_and_devices, _seccomp)
 PROCESS_CHECKS: tuple[Callable[[Spec], None], ...] = (_process, _scheduler)  # exec --process
 

@@ -329,6 +329,24 @@ SYSCTL_NAMESPACES = (("net.", "network"), ("kernel.msgmax", "ipc"), ("kernel.msg
                      ("kernel.shmmax", "ipc"), ("kernel.shmmni", "ipc"), ("kernel.shm_rmid_forced", "ipc"),
                      ("fs.mqueue.", "ipc"), ("kernel.hostname", "uts"), ("kernel.domainname", "uts"))
 
+_SWAP_SEPARATORS = str.maketrans("./", "/.")
+
+
+def sysctl_name(key: str) -> str:
+    """``key`` in sysctl(8)'s dotted form, where a "/" stands for a dot of a name's own
+    (net.ipv4.conf.eth0/100.forwarding): a key whose first separator is "/" is a path under
+    /proc/sys (net/ipv4/conf/eth0.100/forwarding) and is turned around (runc's
+    convertSysctlVariableToDotsSeparator)."""
+    head = key.split(".", 1)[0]
+    return key.translate(_SWAP_SEPARATORS) if "/" in head else key
+
+
+def sysctl_file(key: str) -> str:
+    """The file under /proc/sys that ``key`` names, either form: net/ipv4/conf/eth0.100/forwarding
+    for net.ipv4.conf.eth0/100.forwarding (runc 1.1 writes net/ipv4/conf/eth0/100/forwarding)."""
+    return sysctl_name(key).translate(_SWAP_SEPARATORS)
+
+
 PROPAGATIONS = ("private", "rprivate", "slave", "rslave", "shared", "rshared", "unbindable", "runbindable")
 
 # Linux capabilities by number (linux/capability.h); the spec names them CAP_<NAME>.
@@ -340,6 +358,12 @@ CAPABILITIES = (
     "wake_alarm block_suspend audit_read perfmon bpf checkpoint_restore").split()
 CAP_NUMBERS = {"CAP_" + name.upper(): i for i, name in enumerate(CAPABILITIES)}
 UINT32_MAX = (1 << 32) - 1
+NGROUPS_MAX = 65536  # the kernel's limit on supplementary groups (setgroups(2) refuses more)
+HOST_NAME_MAX = 64  # bytes of a hostname (sethostname(2) refuses more)
+# The least memory.limit a container may have: the runtime's own processes (the gofer, a
+# served create's launcher and pid 1 before exec) run in the container's cgroup and need a
+# few MiB (Python's gofer about 4); below, the OOM killer kills one of them. Docker's floor.
+MEMORY_LIMIT_MIN = 6 << 20
 RLIM_MAX = (1 << 64) - 1  # RLIM_INFINITY as the spec writes it ("unlimited")
 RLIMITS = frozenset(
     "RLIMIT_AS RLIMIT_CORE RLIMIT_CPU RLIMIT_DATA RLIMIT_FSIZE RLIMIT_LOCKS RLIMIT_MEMLOCK "

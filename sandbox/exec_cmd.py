@@ -67,6 +67,9 @@ def _process(args, spec, bundle: str) -> Process:
     base = spec.process
     if base is None:
         raise BundleError(f"{bundle}/config.json: process is missing")
+    for item in args.env:  # (runc: "invalid environment variable")
+        if not item.partition("=")[0] or "=" not in item:
+            raise SandboxError(f"--env {item[:64]!r}: expected NAME=VALUE", code=2)
     user = base.user
     if args.user:
         uid, _, gid = args.user.partition(":")

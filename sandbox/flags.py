@@ -46,9 +46,10 @@ UPDATE_FLAGS = {
     "--l3-cache-schema": "intelRdt", "--mem-bw-schema": "intelRdt"}
 
 # The flags, one table: (names, dest, kind, default, help, lean, metavar). kind: "bool",
-# "str", "int", "strs" (given again: one more), "ints", "size" (a tmpfs size), or a tuple
-# of the values allowed. parser() builds argparse from it; lean_args (lean: True) reads the
-# verbs an engine runs per container from the same rows, and takes every row's default.
+# "str", "int", "count" (an int, 0 or more), "strs" (given again: one more), "ints",
+# "size" (a tmpfs size), or a tuple of the values allowed. parser() builds argparse from
+# it; lean_args (lean: True) reads the verbs an engine runs per container from the same
+# rows, and takes every row's default.
 ROOTS = (
     (("--root",), "root", "str", None, f"state directory (default {DEFAULT_ROOT})", True, None),
     (("--driver-root",), "driver_root", "str", None, "where the driver is installed (default /, or the config file's)",
@@ -79,7 +80,7 @@ CREATE = (
     (("--pid-file",), "pid_file", "str", None, "write the container's init pid here", True, None),
     (("--console-socket",), "console_socket", "str", None, "unix socket that receives the pty master "
      "(process.terminal)", True, None),
-    (("--preserve-fds",), "preserve_fds", "int", 0, "pass fds 3..3+N-1 on to the container", True, "N"),
+    (("--preserve-fds",), "preserve_fds", "count", 0, "pass fds 3..3+N-1 on to the container", True, "N"),
     (("--no-pivot",), "no_pivot", "bool", False, "accepted for runc's sake; we always pivot_root", True, None),
     (("--no-new-keyring",), "no_new_keyring", "bool", False, "accepted; no session keyring is made", True, None),
     (("--trace",), "trace", "str", None, "write a Chrome trace-event JSON of the startup", True, "FILE"),
@@ -112,7 +113,7 @@ VERB_FLAGS: dict[str, tuple[tuple[Any, ...], ...]] = {
         (("--additional-gids", "-g"), "additional_gids", "ints", [], None, True, None),
         (("-c", "--cap"), "cap", "strs", [], "add a capability", True, None),
         (("--no-new-privs",), "no_new_privs", "bool", False, None, True, None),
-        (("--preserve-fds",), "preserve_fds", "int", 0, None, True, None),
+        (("--preserve-fds",), "preserve_fds", "count", 0, None, True, None),
         (("--apparmor",), "apparmor", "str", None, "the AppArmor profile to exec under (refused where AppArmor is "
          "off)", True, None),
         (("--process-label",), "process_label", "str", None, "the SELinux label to exec under (refused where SELinux "
@@ -154,6 +155,8 @@ def _add(p, rows, suppress: bool = False) -> None:
             kw["action"] = "append"
         if kind in ("int", "ints"):
             kw["type"] = int
+        elif kind == "count":
+            kw["type"] = _count
         elif kind == "size":
             kw["type"] = _size
         elif isinstance(kind, tuple):
@@ -161,6 +164,15 @@ def _add(p, rows, suppress: bool = False) -> None:
         if metavar:
             kw["metavar"] = metavar
         p.add_argument(*names, **kw)
+
+
+def _count(value: str) -> int:
+    """0 or more, in ASCII digits: argparse's int alone takes "-4" (and " 4", other scripts' digits)."""
+    import argparse
+
+    if not value.isascii() or not value.isdigit():
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return int(value)
 
 
 def _size(value: str) -> str:
@@ -348,7 +360,7 @@ def lean_args(argv: list[str]):
                         return None  # (argparse takes no value that looks like a flag)
                     i, value = i + 1, argv[i + 1]
                 got: Any = value
-                if kind in ("int", "ints"):
+                if kind in ("int", "ints", "count"):
                     if not value.isascii() or not value.isdigit():
                         return None  # (argparse says why)
                     got = int(value)

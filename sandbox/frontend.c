@@ -62,7 +62,7 @@ struct plan {
     int detach, preserve, nnp, early_seccomp, last_cap, umask;
     int clone, unshare, oom_set; /* create's "clone" records (frontend_create) */
     long oom;
-    int code_process, code_exec;
+    int code_process, code_exec, code_bundle;
     unsigned long long bounding, permitted, inheritable, effective, ambient;
     unsigned uid, gid;
     gid_t groups[256];
@@ -82,9 +82,12 @@ struct plan {
 };
 
 static int report_fd = -1;
+static int report_waits; /* a created init's: its report goes to the builder, in its pid namespace */
 
 /* One "err CODE MESSAGE" line to P (gofer/enter.py's report), then exit with CODE; a
- * created init past start has nobody to tell but the container's stderr (as gofer/main.py). */
+ * created init past start has nobody to tell but the container's stderr (as gofer/main.py).
+ * A created init waits for the builder to hang up first: pid 1's exit kills every process
+ * of its pid namespace, the builder too, which would never pass the line on. */
 static void fail(int code, const char *fmt, ...) {
     char msg[2048];
     va_list ap;
@@ -94,9 +97,13 @@ static void fail(int code, const char *fmt, ...) {
     if (n < 0) n = 0;
     for (char *p = msg; *p; p++)
         if (*p == '\n') *p = ' ';
-    if (report_fd >= 0)
+    if (report_fd >= 0) {
         dprintf(report_fd, "err %d %s\n", code, msg);
-    else
+        for (char c; report_waits;) {
+            ssize_t r = read(report_fd, &c, 1);
+            if (r == 0 || (r < 0 && errno != EINTR)) break;
+        }
+    } else
         dprintf(2, "sandbox: %s\n", msg);
     _exit(code);
 }
@@ -166,7 +173,7 @@ static const char *next_item(const char **p, const char *end) {
 /* The plan's records; -1 on anything malformed (the launcher then says so: never a guess). */
 static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds) {
     memset(pl, 0, sizeof *pl);
-    pl->cwd = -1, pl->fifo = -1, pl->code_process = 1, pl->code_exec = 127;
+    pl->cwd = -1, pl->fifo = -1, pl->code_process = 1, pl->code_exec = 127, pl->code_bundle = 2;
     const char *p = buf, *end = buf + n, *item;
     int fdi = 0;
 #define TAKE_FD() (fdi < nfds ? fds[fdi++] : -1)
@@ -178,11 +185,16 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
         else if (!strncmp(item, "unshare ", 8)) pl->unshare = atoi(v);
         else if (!strncmp(item, "oom ", 4)) pl->oom = strtol(v, NULL, 10), pl->oom_set = 1;
         else if (!strncmp(item, "detach ", 7)) pl->detach = atoi(v);
-        else if (!strncmp(item, "preserve ", 9)) pl->preserve = atoi(v);
+        else if (!strncmp(item, "preserve ", 9)) { /* 0 or more: a negative one would keep every fd */
+            char *end;
+            long k = strtol(v, &end, 10);
+            if (end == v || *end != '\0' || k < 0 || k > 1 << 20) return -1;
+            pl->preserve = (int)k;
+        }
         else if (!strncmp(item, "nnp ", 4)) pl->nnp = atoi(v);
         else if (!strncmp(item, "lastcap ", 8)) pl->last_cap = atoi(v);
         else if (!strncmp(item, "umask ", 6)) pl->umask = atoi(v);
-        else if (!strncmp(item, "codes ", 6)) sscanf(v, "%d %d", &pl->code_process, &pl->code_exec);
+        else if (!strncmp(item, "codes ", 6)) sscanf(v, "%d %d %d", &pl->code_process, &pl->code_exec, &pl->code_bundle);
         else if (!strncmp(item, "caps ", 5)) {
             char b[5][20];
             if (sscanf(v, "%19s %19s %19s %19s %19s", b[0], b[1], b[2], b[3], b[4]) != 5) return -1;
@@ -348,7 +360,7 @@ static void set_rlimits(struct plan *pl) {
     for (int i = 0; i < pl->nrlimits; i++) {
         struct rlimit rl = {.rlim_cur = pl->rlimits[i].soft, .rlim_max = pl->rlimits[i].hard};
         if (setrlimit(pl->rlimits[i].resource, &rl) < 0)
-            fail(pl->code_process, "process.rlimits: %s: %s", pl->rlimits[i].text, strerror(errno));
+            fail(pl->code_bundle, "process.rlimits%s: %s", pl->rlimits[i].text, strerror(errno));
     }
 }
 
@@ -625,7 +637,7 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds, char **a
  * exec.fifo. Never returns. */
 static void init_process(int chan) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-    report_fd = chan;
+    report_fd = chan, report_waits = 1;
     char *buf = malloc(MAX_REQUEST + 1);
     int fds[MAX_FDS], nfds = 0;
     ssize_t r = buf != NULL ? recv_plan(chan, buf, fds, &nfds) : -1;
@@ -657,9 +669,14 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char *
     if (cloexec_from(3 + (unsigned)pl.preserve) < 0)
         snprintf(report, sizeof report, "err 1 cannot close our fds at exec: %s\n", strerror(errno));
     if (!strcmp(verb, "run")) keep_host(); /* (before the oom_score_adj and the namespaces) */
+    /* pid 1 inherits the container's oom_score_adj from us; we take ours back once it is forked
+     * (a foreground run's launcher lives as long as the container, and is no process of its) */
+    char own_oom[16] = "";
     if (pl.oom_set && !report[0]) {
-        int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-        if (fd < 0 || dprintf(fd, "%ld", pl.oom) < 0)
+        int fd = open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
+        ssize_t got = fd >= 0 ? read(fd, own_oom, sizeof own_oom - 1) : -1;
+        own_oom[got > 0 ? got : 0] = '\0';
+        if (fd < 0 || got <= 0 || dprintf(fd, "%ld", pl.oom) < 0)
             snprintf(report, sizeof report, "err 1 process.oomScoreAdj %ld: %s\n", pl.oom, strerror(errno));
         if (fd >= 0) close(fd);
     }
@@ -683,6 +700,13 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char *
         close_except(3 + (unsigned)pl.preserve, &chan[1], 1);
         hide_command_line(argv);
         init_process(chan[1]);
+    }
+    if (own_oom[0]) { /* (back down to where it was: the kernel lets a process do that) */
+        int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+        if ((fd < 0 || write(fd, own_oom, strlen(own_oom)) < 0) && !report[0])
+            snprintf(report, sizeof report, "err 1 oom_score_adj %s, the launcher's own again: %s\n", own_oom,
+                     strerror(errno));
+        if (fd >= 0) close(fd);
     }
     /* (the namespaces' fds: closed as they were joined; their numbers may be chan's now) */
     if (!report[0]) snprintf(report, sizeof report, "pid %d\n", init);

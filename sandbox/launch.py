@@ -187,7 +187,7 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
                 if opts.detached and failure is None and launcher is None:
                     # the init waits for this before it blocks on exec.fifo (see gofer/main.py)
                     sd.write(_state(opts, ready.pid, bundle, spec, hooks, cgroup))
-                    protocol.send(sock, protocol.Resume())
+                    _resume(sock)
             else:
                 failure = failure or msg.error()
         spans.add("wait for the init", t)
@@ -392,7 +392,6 @@ def _recv(sock, broken: list):
 def _runtime_hooks(hooks, opts: Options, bundle: str, annotations, pid: int, sock):
     """prestart then createRuntime, in our (the runtime's) namespaces; Resume the gofer, or
     return the failure (the gofer then sees EOF and gives up)."""
-    from gofer import protocol
     from gofer.hooks import run_hooks, state_json
     from mounts.errors import SandboxError
 
@@ -403,8 +402,19 @@ def _runtime_hooks(hooks, opts: Options, bundle: str, annotations, pid: int, soc
     except SandboxError as e:
         sock.shutdown(socket.SHUT_WR)
         return e
-    protocol.send(sock, protocol.Resume())
+    _resume(sock)
     return None
+
+
+def _resume(sock) -> None:
+    """Resume to the gofer; one killed meanwhile is said by its end (EOF follows), not as a
+    broken pipe."""
+    from gofer import protocol
+
+    try:
+        protocol.send(sock, protocol.Resume())
+    except (BrokenPipeError, ConnectionResetError):
+        pass
 
 
 def _gofer_died(pid: int):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from gofer.cgroups import device_rules, v1_files, v2_files
@@ -11,13 +12,20 @@ from gofer.cgroups.common import merge_memory
 from gofer.cgroups.v1 import memory_v1
 from gofer.devfilter import Rule, allow_first, program
 from gofer.systemd import resource_properties
-from mounts.bundle import parse_spec
+from mounts.bundle import Invalid, check_resources
 from mounts.errors import BundleError, SandboxError
+from mounts.spec import Resources
 
 
 def resources(**r):
-    spec = {"ociVersion": "1.0.2", "root": {"path": "rootfs"}, "linux": {"resources": r}}
-    return parse_spec(json.dumps(spec).encode()).linux.resources
+    """linux.resources checked as `sandbox update` checks them (check_resources: the small
+    limits of these tables are under the floor a create's config.json must clear)."""
+    res = msgspec.json.decode(json.dumps(r).encode(), type=Resources)
+    try:
+        check_resources(res)
+    except Invalid as e:
+        raise BundleError(f"config.json: {e}") from None
+    return res
 
 
 def v2(**r) -> dict[str, object]:

@@ -1,10 +1,12 @@
 import socket
 
+import msgspec
 import pytest
 
 from gofer import protocol
 from gofer.spans import Spans
 from mounts import actions as A
+from mounts import spec as S
 
 
 def pair():
@@ -51,3 +53,14 @@ def test_spans_off_records_nothing():
     with s.span("x"):
         pass
     assert s.items == []
+
+
+def test_a_negative_preserve_fds_is_no_start():
+    """fds 3..3+N-1 pass on: a negative N would pass them all (cloexec_from(3 + N))."""
+    start = protocol.Start(S.Spec("1.0.2", S.Root("/r")), "/r", "/b", preserve_fds=-4)
+    a, b = pair()
+    protocol.send(a, start)
+    with pytest.raises(protocol.ProtocolError, match=r"bad frame: Expected `int` >= 0 - at `\$.preserve_fds`"):
+        protocol.recv_request(b)
+    protocol.send(a, msgspec.structs.replace(start, preserve_fds=2))
+    assert protocol.recv_request(b).preserve_fds == 2

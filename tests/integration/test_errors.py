@@ -5,12 +5,16 @@ config.json, the NVIDIA_* variables and the CLI flags through the CLI itself."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import io
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import fixtures
 import pytest
@@ -18,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sandbox import cli
-from tests.integration.helpers import alive, children, mount_table, sandbox, tree
+from tests.integration.helpers import alive, children, create, mount_table, sandbox, tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -261,3 +265,308 @@ def test_sweep_run_leaves_nothing_behind(tmp_path_factory, field, value, gpu):
     assert (mount_table(), tree(rootfs)) == before[:2]
     assert not any(alive(p) for p in children(os.getpid()) if p not in before[2])
     assert not (tmp / "state").exists() or not os.listdir(tmp / "state")
+
+
+# --- issue #29 (finding 10, and 2's --preserve-fds): each bad input one line naming the field,
+# in Python and served alike (the warm server: tests/integration/test_served.py), and nothing left
+
+LAUNCHER = Path(__file__).resolve().parents[2] / ".venv/bin/sandbox"
+MODES = ["python", "served"]
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """`sandbox serve` on a socket of this module's (scripts/engines.py's WarmServer)."""
+    import engines
+
+    if not LAUNCHER.is_file() or LAUNCHER.read_bytes()[:4] != b"\x7fELF":
+        pytest.skip("the C launcher is not built (scripts/setup builds it)")
+    with engines.WarmServer(tmp_path_factory.mktemp("warm")) as server:
+        yield server
+
+
+def unique(name: str) -> str:
+    """A container id no one else's is: the default cgroupsPath is the id, and other test
+    sessions on the host make theirs too."""
+    return f"{name}-{os.getpid()}"
+
+
+def launcher(mode: str, warm, *args, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    """The `sandbox` executable, served (``mode`` "served") or in its own Python."""
+    env = dict(os.environ, SANDBOX_SERVER=str(warm.path) if mode == "served" else "")
+    return subprocess.run([str(LAUNCHER), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          env=env, stdin=subprocess.DEVNULL, **kw)
+
+
+def _cgroups_named(name: str) -> list[str]:
+    return [d for d in glob.glob(f"/sys/fs/cgroup/*/{name}") + glob.glob(f"/sys/fs/cgroup/{name}") if os.path.isdir(d)]
+
+
+def _mounts(tmp_path: Path) -> list[tuple[str, str, str]]:
+    """The host's mounts but other sessions' (under /tmp and /work, not ours: an engine's
+    test elsewhere on the host mounts and unmounts its containers' roots meanwhile)."""
+    ours = (str(tmp_path.parent), str(Path(__file__).resolve().parents[2]))
+    return [m for m in mount_table() if not m[0].startswith(("/tmp/", "/work/")) or m[0].startswith(ours)]
+
+
+def _nothing_left(before, state: Path, cgroup: str, rootfs) -> None:
+    assert not state.exists() or not os.listdir(state), os.listdir(state)
+    assert not _cgroups_named(cgroup), _cgroups_named(cgroup)
+    assert (_mounts(state.parent), tree(rootfs)) == before[:2]
+    deadline = time.monotonic() + 5  # (the launcher's children, reaped by now; a served one's waiter: soon)
+    while any(alive(p) for p in children(os.getpid()) if p not in before[2]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not any(alive(p) for p in children(os.getpid()) if p not in before[2])
+
+
+BAD_INPUT = [  # (config.json's changes, the words of the one line)
+    ({"hostname": "h" * 65}, ["config.json: hostname: 65 bytes is over the kernel's limit of 64"]),
+    ({"linux__sysctl": {"net.ipv4.nope_nope": "1"}},
+     ["linux.sysctl: 'net.ipv4.nope_nope': no such sysctl in the container's namespaces"]),
+    ({"linux__resources__pids": {"limit": 1}}, ["linux.resources.pids.limit: 1 is too low"]),
+    ({"process__user__additionalGids": list(range(1, 70001))},
+     ["config.json: process.user.additionalGids: 70000 groups is over the kernel's limit of 65536"]),
+    ({"process__rlimits": [{"type": "RLIMIT_NOFILE", "hard": 2**63, "soft": 2**63}]},  # (over fs.nr_open)
+     ["process.rlimits[0]: RLIMIT_NOFILE soft 9223372036854775808 hard 9223372036854775808: Operation not "
+      "permitted"]),
+    ({"process__rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 2**63}]},
+     ["config.json: process.rlimits[0]: RLIMIT_NOFILE soft 9223372036854775808 is above hard 1024"]),
+    ({"linux__resources__memory": {"limit": 4096}}, ["config.json: linux.resources.memory.limit: 4096 is below"]),
+    ({"hooks": {"prestart": [{"path": "bin/true"}]}}, ["config.json: hooks.prestart[0].path: 'bin/true'"]),
+    ({"process__env": ["PATH=/bin:/usr/bin", "FOO"]}, ["config.json: process.env[1]: 'FOO' is not NAME=VALUE"]),
+    ({"linux__devices": [{"path": "/dev/..", "type": "c", "major": 1, "minor": 3}]},
+     ["config.json: linux.devices[0].path: '/dev/..'"]),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("changes,words", BAD_INPUT, ids=[next(iter(c)) for c, _ in BAD_INPUT])
+def test_bad_input_is_one_line_naming_the_field(mode, changes, words, warm, make_bundle, tmp_path, rootfs_debian):
+    """Each said with no field before ("[Errno 22]", "[Errno 11]", "Python int too large",
+    a killed launcher), or accepted (a relative hook, an env entry without "="): exit 2,
+    one line, no state, cgroup, process or mount left, the image untouched."""
+    cgroup = f"sandbox-input-{os.getpid()}-{mode}"
+    bundle = _bundle(make_bundle, **changes, linux__cgroupsPath=f"/{cgroup}")
+    before = (_mounts(tmp_path), tree(rootfs_debian), children(os.getpid()))
+    r = launcher(mode, warm, "--root", tmp_path / "state", "run", "-b", bundle, unique("bad"))
+    one_line(r, 2, *words)
+    _nothing_left(before, tmp_path / "state", cgroup, rootfs_debian)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_device_path_through_dotdot_is_made_inside_the_root(mode, warm, make_bundle, tmp_path, rootfs_debian):
+    """runc takes /etc/../../x as /x (securejoin): so do we, the node in our overlay of the
+    root, the image untouched (it said "[Errno 9] Bad file descriptor": the overlay of the
+    root left /dev's fd stale)."""
+    before = tree(rootfs_debian)
+    devices = [{"path": "/etc/../../x", "type": "c", "major": 1, "minor": 3, "fileMode": 0o640},
+               {"path": "/y", "type": "c", "major": 1, "minor": 5}]
+    bundle = _bundle(make_bundle, process__args=["sh", "-c", "ls -ln /x /y /dev/null; ls /dev/fd/ >/dev/null && "
+                                                 "echo fd; echo 1 >/x && head -c 3 /y | wc -c"],
+                     linux__devices=devices)
+    r = launcher(mode, warm, "--root", tmp_path / "state", "run", "-b", bundle, unique("dev"))
+    assert r.returncode == 0, r.stderr
+    lines = [line.split() for line in r.stdout.splitlines()]  # (mode, links, uid, gid, major, minor, date, path)
+    assert [(f[0], f[4], f[5], f[-1]) for f in lines[:3]] == [
+        ("crw-rw-rw-", "1,", "3", "/dev/null"), ("crw-r-----", "1,", "3", "/x"), ("crw-rw-rw-", "1,", "5", "/y")], lines
+    assert lines[3:] == [["fd"], ["3"]], lines  # (/dev as it was: its links too)
+    assert tree(rootfs_debian) == before
+
+
+@pytest.fixture
+def netns_with_a_dotted_interface():
+    """A network namespace of the test's own (its process's), with a bridge named d.100."""
+    holder = subprocess.Popen(["unshare", "--net", "--", "sleep", "600"])
+    try:
+        path = f"/proc/{holder.pid}/ns/net"
+        deadline = time.monotonic() + 5
+        while os.readlink(path) == os.readlink("/proc/self/ns/net") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        subprocess.run(["nsenter", f"--net={path}", "ip", "link", "add", "d.100", "type", "bridge"], check=True)
+        yield path
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_sysctl_of_an_interface_with_a_dot(mode, warm, make_bundle, tmp_path, netns_with_a_dotted_interface):
+    """sysctl(8)'s two forms of d.100's keys: net.ipv4.conf.d/100.forwarding (a "/" for the
+    name's dot) and net/ipv4/conf/d.100/rp_filter, each written to conf/d.100/ (it wrote
+    conf/d/100/: no such file)."""
+    path = netns_with_a_dotted_interface
+    namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")] + [{"type": "network", "path": path}]
+    bundle = _bundle(make_bundle, process__args=["cat", "/proc/sys/net/ipv4/conf/d.100/forwarding",
+                                                 "/proc/sys/net/ipv4/conf/d.100/rp_filter"],
+                     linux__namespaces=namespaces,
+                     linux__sysctl={"net.ipv4.conf.d/100.forwarding": "1", "net/ipv4/conf/d.100/rp_filter": "2"})
+    r = launcher(mode, warm, "--root", tmp_path / "state", "run", "-b", bundle, unique("sysctl"))
+    assert (r.returncode, r.stdout.split()) == (0, ["1", "2"]), r.stderr
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("limit", [2, 3])
+def test_a_low_pids_limit_the_runtime_fits_in_runs(mode, limit, warm, make_bundle, tmp_path):
+    """A served create has four processes in the container's cgroup (the launcher, pid 1, the
+    gofer, its builder): under 4 it is declined, and Python's (two) runs it ("[Errno 11]")."""
+    bundle = _bundle(make_bundle, process__args=["sh", "-c", "echo ok"], linux__resources__pids={"limit": limit})
+    r = launcher(mode, warm, "--root", tmp_path / "state", "run", "-b", bundle, unique("pids"))
+    assert (r.returncode, r.stdout, r.stderr) == (0, "ok\n", "")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_foreground_runs_launcher_keeps_its_own_oom_score_adj(mode, warm, make_bundle, tmp_path):
+    """process.oomScoreAdj is the container's: a served run's launcher (pid 1's parent while it
+    runs) wrote it to itself to pass it on, and kept it."""
+    with open("/proc/self/oom_score_adj") as f:
+        ours = f.read().strip()
+    bundle = _bundle(make_bundle, process__args=["sh", "-c", "cat /proc/self/oom_score_adj; sleep 3"],
+                     process__oomScoreAdj=500)
+    env = dict(os.environ, SANDBOX_SERVER=str(warm.path) if mode == "served" else "")
+    p = subprocess.Popen([str(LAUNCHER), "--root", str(tmp_path / "state"), "run", "-b", str(bundle), unique("oom")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(_comm(c) == "sleep" for c in _descendants(p.pid)):
+            time.sleep(0.02)
+        with open(f"/proc/{p.pid}/oom_score_adj") as f:
+            launcher_oom = f.read().strip()
+        out, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+        p.wait()
+    assert (p.returncode, out, launcher_oom) == (0, "500\n", ours), err
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_create_whose_gofer_is_killed_says_so(mode, warm, make_bundle, tmp_path, rootfs_debian):
+    """The gofer (and pid 1 with it) SIGKILLed while a prestart hook runs: the supervisor's
+    Resume met the dead socket and said "Broken pipe"; it says what died, and leaves nothing."""
+    cgroup = f"sandbox-input-{os.getpid()}-killed-{mode}"
+    bundle = _bundle(make_bundle, hooks={"prestart": [{"path": "/bin/sleep", "args": ["sleep", "2"]}]},
+                     linux__cgroupsPath=f"/{cgroup}")
+    before = (_mounts(tmp_path), tree(rootfs_debian), children(os.getpid()))
+    env = dict(os.environ, SANDBOX_SERVER=str(warm.path) if mode == "served" else "")
+    with open(tmp_path / "create.err", "w+") as err:
+        p = subprocess.Popen([str(LAUNCHER), "--root", str(tmp_path / "state"), "create", "-b", str(bundle), unique("k")],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        # ours only: the launcher's descendants, or (served) the warm server's (the test's own)
+        top = warm.proc.pid if mode == "served" else p.pid
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(_comm(c) == "sleep" for c in _descendants(top)):
+            time.sleep(0.02)
+        for pid in _descendants(top):
+            if _comm(pid) == "sandbox-gofer":
+                os.kill(pid, signal.SIGKILL)
+        assert p.wait(timeout=30) == 1
+        time.sleep(0.5)  # (a served create's line comes from the server's child, through our stderr)
+        err.seek(0)
+        text = err.read()
+    assert text in ("sandbox create: the container's init was killed by signal 9 before it was ready\n",
+                    "sandbox create: the gofer was killed by signal 9 before the container started\n"), text
+    _nothing_left(before, tmp_path / "state", cgroup, rootfs_debian)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_negative_preserve_fds_starts_nothing(mode, warm, make_bundle, tmp_path):
+    """`exec 5</; sandbox run --preserve-fds -4 ...` passed every fd on (5 -> / in the
+    container) where runc passes none: one line, exit 2, nothing started, for run, create
+    and exec."""
+    bundle = _bundle(make_bundle, process__args=["sh", "-c", "echo ran; ls -l /proc/self/fd"])
+    root = tmp_path / "state"
+    env = dict(os.environ, SANDBOX_SERVER=str(warm.path) if mode == "served" else "")
+
+    def with_fd_5(*args):
+        return subprocess.run(["bash", "-c", 'exec 5</; exec "$@"', "bash", str(LAUNCHER), "--root", str(root),
+                               *map(str, args)], capture_output=True, text=True, timeout=60, env=env,
+                              stdin=subprocess.DEVNULL)
+
+    cid = unique("p1")
+    for argv in (["run", "--preserve-fds", "-4", "-b", bundle, cid], ["run", "--preserve-fds=-1", "-b", bundle, cid],
+                 ["create", "--preserve-fds", "-4", "-b", bundle, cid]):
+        r = with_fd_5(*argv)
+        one_line(r, 2, "--preserve-fds: must be 0 or more")
+        assert "ran" not in r.stdout and (not root.exists() or not os.listdir(root)), argv
+    live = unique("live")
+    r = create(root, make_bundle(["sleep", "100"]), live, log=tmp_path / "create.log")
+    assert r.returncode == 0, (tmp_path / "create.log").read_text()
+    try:
+        r = with_fd_5("exec", "--preserve-fds", "-4", live, "sh", "-c", "echo ran")
+        one_line(r, 2, "--preserve-fds: must be 0 or more")
+        assert "ran" not in r.stdout
+        # (and exec's -e as runc reads it: NAME=VALUE, else "invalid environment variable")
+        r = launcher(mode, warm, "--root", root, "exec", "-e", "FOO", live, "sh", "-c", "echo ran")
+        one_line(r, 2, "--env 'FOO': expected NAME=VALUE")
+        assert "ran" not in r.stdout
+    finally:
+        launcher("python", warm, "--root", root, "delete", "--force", live)
+
+
+def _plan_server(path: Path, plan: bytes):
+    """A root server of one connection standing in for the warm one: it answers exec's
+    request with ``plan`` (sandbox/frontend.c's records, no fds), then the launcher's report
+    with exit code 0."""
+    import socket
+    import threading
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn, listener:
+            _data, ancillary, _, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(12))
+            for _level, _kind, fds in ancillary:  # the launcher's stdio
+                for i in range(0, len(fds), 4):
+                    os.close(int.from_bytes(fds[i:i + 4], "little"))
+            conn.send(plan)
+            if conn.recv(4096):
+                conn.send(b'{"code": 0}')
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("preserve", ["-4", "-1", "x", "", "0"])
+def test_the_launcher_refuses_a_negative_preserve_in_a_plan(preserve, tmp_path):
+    """frontend.c read "preserve N" with atoi: -4 kept every fd past stdio (3 + (unsigned)-4).
+    A plan with one is not carried out at all; "0" is (the stand-in's plan runs)."""
+    if not LAUNCHER.is_file() or LAUNCHER.read_bytes()[:4] != b"\x7fELF":
+        pytest.skip("the C launcher is not built (scripts/setup builds it)")
+    marker = tmp_path / "ran"
+    plan = b"".join(r.encode() + b"\0" for r in ["plan 1", "detach 1", f"preserve {preserve}".rstrip(),
+                                                  "arg /bin/sh", "arg -c", f"arg touch {marker}"])
+    thread = _plan_server(tmp_path / "s.sock", plan)
+    r = subprocess.run([str(LAUNCHER), "--root", str(tmp_path / "state"), "exec", "x", "true"], capture_output=True,
+                       text=True, timeout=30, env=dict(os.environ, SANDBOX_SERVER=str(tmp_path / "s.sock")),
+                       stdin=subprocess.DEVNULL)
+    thread.join(10)
+    deadline = time.monotonic() + 5
+    if preserve == "0":
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (r.returncode, r.stderr, marker.exists()) == (0, "", True)
+    else:
+        assert (r.returncode, r.stderr) == (1, "sandbox exec: the server's plan is not one this launcher reads "
+                                               "(rebuild both)\n")
+        time.sleep(0.2)
+        assert not marker.exists()

@@ -98,6 +98,26 @@ BAD = [
     ("fileMode", {"linux__devices": [{"path": "/dev/x", "type": "c", "major": 1, "minor": 3, "fileMode": 1 << 20}]},
      "linux.devices[0].fileMode"),
     ("personality", {"linux__personality": {"domain": "SUNOS"}}, "linux.personality.domain"),
+    # (issue #29's bad inputs: each said with no field, or accepted)
+    ("hostname over HOST_NAME_MAX", {"hostname": "h" * 65}, "hostname: 65 bytes is over the kernel's limit of 64"),
+    ("additionalGids over NGROUPS_MAX", {"process__user__additionalGids": list(range(1, 70001))},
+     "process.user.additionalGids: 70000 groups is over the kernel's limit of 65536"),
+    ("rlimit soft above hard", {"process__rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 2**63}]},
+     "process.rlimits[0]: RLIMIT_NOFILE soft 9223372036854775808 is above hard 1024"),
+    ("memory.limit under the runtime's own", {"linux__resources": {"memory": {"limit": 4096}}},
+     "linux.resources.memory.limit: 4096 is below the 6291456 bytes"),
+    ("hook path relative", {"hooks": {"prestart": [{"path": "bin/true"}]}},
+     "hooks.prestart[0].path: 'bin/true' is not an absolute path"),
+    ("createRuntime hook path relative", {"hooks": {"createRuntime": [{"path": "/bin/true"}, {"path": "true"}]}},
+     "hooks.createRuntime[1].path: 'true' is not an absolute path"),
+    ("hook env without =", {"hooks": {"poststop": [{"path": "/bin/true", "env": ["A=1", "B"]}]}},
+     "hooks.poststop[0].env[1]: 'B' is not NAME=VALUE"),
+    ("env without =", {"process__env": ["PATH=/bin", "FOO"]}, "process.env[1]: 'FOO' is not NAME=VALUE"),
+    ("env empty name", {"process__env": ["=x"]}, "process.env[0]: '=x' is not NAME=VALUE"),
+    ("device path not a name", {"linux__devices": [{"path": "/dev/..", "type": "c", "major": 1, "minor": 3}]},
+     "linux.devices[0].path: '/dev/..' does not end in a file name"),
+    ("device path a directory's", {"linux__devices": [{"path": "/dev/x/", "type": "c", "major": 1, "minor": 3}]},
+     "linux.devices[0].path: '/dev/x/' does not end in a file name"),
 ]
 
 
@@ -153,6 +173,14 @@ GOOD = [
       "linux__sysctl": {"kernel.shmmax": "1"}}),
     ("V10c kernel.domainname", {"linux__sysctl": {"kernel.domainname": "x"}}),
     ("a joined user namespace without maps", {"linux__namespaces": NS + [{"type": "user", "path": "/x"}]}),
+    ("a hostname of HOST_NAME_MAX bytes", {"hostname": "h" * 64}),
+    ("a device path with .. resolved inside the root, as runc's securejoin does",
+     {"linux__devices": [{"path": "/etc/../../x", "type": "c", "major": 1, "minor": 3}]}),
+    ("V10 a dotted interface's sysctl (sysctl(8): '/' for its dot)",
+     {"linux__sysctl": {"net.ipv4.conf.eth0/100.forwarding": "1", "net/ipv4/conf/eth0.100/rp_filter": "1"}}),
+    ("memory.limit at the floor, and unlimited", {"linux__resources": {"memory": {"limit": 6 << 20, "swap": -1}}}),
+    ("memory.limit -1: unlimited", {"linux__resources": {"memory": {"limit": -1}}}),
+    ("env with an empty value, and = in it", {"process__env": ["A=", "B=c=d"]}),
 ]
 
 
@@ -168,6 +196,8 @@ def test_an_exec_process_file_is_checked_as_configs_process(tmp_path):
     with pytest.raises(BundleError, match="--process p: process.cwd: 'x' is not an absolute path"):
         parse_process(json.dumps({"args": ["sh"], "cwd": "x"}).encode(), base, "--process p")
     assert parse_process(json.dumps({"args": ["sh"], "cwd": "/"}).encode(), base, "p").args == ["sh"]
+    with pytest.raises(BundleError, match=r"^--process p: process.env\[0\]: 'X' is not NAME=VALUE$"):
+        parse_process(json.dumps({"args": ["sh"], "cwd": "/", "env": ["X"]}).encode(), base, "--process p")
 
 
 def test_config_files_are_regular_and_bounded(tmp_path):

@@ -98,3 +98,16 @@ def test_capability_numbers_and_limits_are_the_kernels():
     assert S.CAP_NUMBERS["CAP_CHOWN"] == 0 and S.CAP_NUMBERS["CAP_SYS_ADMIN"] == 21
     assert S.CAP_NUMBERS["CAP_CHECKPOINT_RESTORE"] == 40 and len(S.CAP_NUMBERS) == 41
     assert S.RLIM_MAX == 2**64 - 1 and "RLIMIT_NOFILE" in S.RLIMITS
+
+
+@pytest.mark.parametrize("key,file", [
+    ("net.ipv4.ip_forward", "net/ipv4/ip_forward"),
+    ("net/ipv4/ip_forward", "net/ipv4/ip_forward"),
+    # sysctl(8): in the dotted form a "/" is a dot of the name's own (an interface eth0.100)
+    ("net.ipv4.conf.eth0/100.forwarding", "net/ipv4/conf/eth0.100/forwarding"),
+    ("net/ipv4/conf/eth0.100/forwarding", "net/ipv4/conf/eth0.100/forwarding"),
+    ("kernel.shmmax", "kernel/shmmax"),
+])
+def test_a_sysctl_key_names_its_file_as_sysctl_8_reads_it(key, file):
+    assert S.sysctl_file(key) == file
+    assert S.sysctl_name(key) == S.sysctl_name(S.sysctl_name(key)) == S.sysctl_name(file)

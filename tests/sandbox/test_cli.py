@@ -40,6 +40,22 @@ def test_anything_else_goes_to_argparse(argv):
     assert lean_args(argv) is None
 
 
+@pytest.mark.parametrize("argv", [
+    ["run", "--preserve-fds", "-4", "c1"], ["run", "--preserve-fds=-4", "c1"], ["create", "--preserve-fds", "-1", "c"],
+    ["exec", "--preserve-fds", "-4", "c1", "true"], ["create", "--preserve-fds", "x", "c"],
+    ["create", "--preserve-fds", "\u0664", "c"],
+], ids=" ".join)
+def test_preserve_fds_is_0_or_more(argv, capsys):
+    """argparse's int takes "-4" (it looks like a number, not a flag); a negative count would
+    pass every fd of the caller's on (finding 2 of issue #29)."""
+    assert lean_args(argv) is None
+    with pytest.raises(SystemExit) as e:
+        parser().parse_args(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "argument --preserve-fds: must be 0 or more" in err, err
+
+
 def test_a_fuzzed_command_line_is_read_alike_or_deferred():
     """Random command lines from the verbs' own flags: lean accepts only what argparse
     accepts, and then reads it the same."""
