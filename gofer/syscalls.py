@@ -350,7 +350,17 @@ def close_fds(first: int, keep: set[int]) -> None:
     """Close every fd from ``first`` up but those in ``keep``: close_range(2) over the gaps
     (Linux 5.9), each fd /proc/self/fd lists on older kernels. Closed, not marked
     close-on-exec: a process that waits in a container's namespaces (a created init, exec's
-    child) must hold nothing of its caller's that a ptracer in there could take (pidfd_getfd)."""
+    child) must hold nothing of its caller's that a ptracer in there could take (pidfd_getfd).
+    Below ``first``, among the preserved fds, ours are closed too: they are close-on-exec, a
+    preserved one (inherited across the caller's exec) is not."""
+    import fcntl
+
+    for fd in range(3, min(first, 1024)):  # ours in a gap of the preserved ones: close-on-exec, theirs are not
+        try:
+            if fd not in keep and fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC:
+                os.close(fd)
+        except OSError:
+            pass  # (no such fd)
     low = first
     for fd in sorted(k for k in keep if k >= first) + [0xFFFFFFFF + 1]:
         if fd > low and _retry(_syscall, ctypes.c_long(_NR["close_range"]), ctypes.c_uint(low),

@@ -118,8 +118,14 @@ static int kept(int fd, const int *keep, int nkeep) {
 
 /* Every fd from ``low`` up but the ``nkeep`` of ``keep`` closed now, not only flagged: a
  * process that waits in the container's namespaces holds nothing a ptracer in there could
- * take (close_range(2) over the gaps between the kept ones, else each fd /proc/self/fd lists). */
+ * take (close_range(2) over the gaps between the kept ones, else each fd /proc/self/fd lists);
+ * and every fd of ours below ``low`` (the server's connection, say, in a gap of the engine's
+ * --preserve-fds). */
 static void close_except(unsigned low, const int *keep, int nkeep) {
+    /* below low, the engine's preserved fds: none of ours may sit in a gap between them (ours
+     * are close-on-exec; a preserved one, inherited across the engine's exec, is not) */
+    for (unsigned fd = 3; fd < low && fd < 1024; fd++)
+        if (!kept((int)fd, keep, nkeep) && fcntl((int)fd, F_GETFD) > 0) close((int)fd);
     unsigned from = low;
     for (;;) { /* the gaps, lowest first: up to the next kept fd at or above from */
         long next = -1;

@@ -223,6 +223,11 @@ def test_a_ptracer_in_the_container_takes_no_callers_fd_nor_its_environment(serv
         for _ in range(3):
             r = launch("exec", cid, "sh", "-c", "sleep 0.2")
             assert r.returncode == 0, r.stderr
+        # --preserve-fds 3 with fds 4 and 5 closed: none of ours may land in that gap
+        r = subprocess.run(["sh", "-c", f'exec 3</dev/null; exec "$0" --root {root} exec --preserve-fds 3 {cid} '
+                            'sh -c "sleep 0.2; ls /proc/self/fd"', str(LAUNCHER)], capture_output=True, text=True,
+                           timeout=60, env=env, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0 and "3" in r.stdout.split(), (r.stdout, r.stderr)
         memory = _writable_memory(init)
         (w / "stop").touch()
         time.sleep(0.3)
@@ -232,5 +237,8 @@ def test_a_ptracer_in_the_container_takes_no_callers_fd_nor_its_environment(serv
     taken = [line.split() for line in (w / "out").read_text().splitlines()]
     assert taken, "the probe took not even pid 1's stdio"
     assert [t for t in taken if t[1:] == [str(st.st_dev), str(st.st_ino)] or secret in t] == [], taken
+    # in the gap, nothing but what pid 1 holds too (the container's own procfs, reopened there)
+    init_files = {tuple(t[2:]) for t in taken if t[0] == "1"}
+    assert [t for t in taken if t[0] != "1" and t[1] in ("4", "5") and tuple(t[2:]) not in init_files] == [], taken
     assert secret.encode() not in memory, [memory[max(0, i - 64):i + 64] for i in
                                            range(len(memory)) if memory.startswith(secret.encode(), i)][:3]
