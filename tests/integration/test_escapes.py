@@ -210,9 +210,9 @@ def test_a_ptracer_in_the_container_takes_no_callers_fd_nor_its_environment(serv
         finally:
             os.close(FD)
 
-    r = launch("create", "-b", str(bundle), cid)
-    assert r.returncode == 0, r.stderr
     try:
+        r = launch("create", "-b", str(bundle), cid)
+        assert r.returncode == 0, r.stderr
         init = json.loads(launch("state", cid, fd=False).stdout)["pid"]
         r = launch("exec", "-d", cid, "/w/fdgrab", "/w/out", "/w/stop", "/w/ready", secret, fd=False)
         assert r.returncode == 0, r.stderr
