@@ -16,7 +16,7 @@ import stat
 
 import msgspec
 
-from mounts import catalog, ldcache
+from mounts import catalog, ldcache, reads
 from mounts.elf import not_an_executable, read_elf
 from mounts.errors import DriverError, ElfError, LdCacheError
 from mounts.ldcache import FLAG_ELF_LIBC6, FLAG_REQUIRED_MASK, FLAGS_I386, FLAGS_X86_64
@@ -123,7 +123,7 @@ def read_file(root: str, rel: str, limit: int = MAX_TEXT, resolver: Resolver | N
     without following a last link, no controlling tty."""
     path = resolve_in_root(root, rel) if resolver is None else _in(resolver, rel)
     if path is None:
-        if os.path.lexists(os.path.join(root, rel)):  # a link out of the root, or one that loops
+        if reads.lexists(os.path.join(root, rel)):  # a link out of the root, or one that loops
             raise DriverError(f"{os.path.join(root, rel)}: a symlink that leads to no file inside the driver root")
         return None
     data = read_resolved(path, limit)
@@ -135,6 +135,7 @@ def read_resolved(path: str, limit: int = MAX_TEXT) -> bytes | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
+        reads.lexists(path)  # (noted: absent)
         return None
     except OSError as e:
         raise DriverError(f"{path}: cannot read: {e.strerror}") from None
@@ -145,6 +146,7 @@ def read_resolved(path: str, limit: int = MAX_TEXT) -> bytes | None:
         if not opened_at(fd, path):
             raise DriverError(f"{path}: changed while being opened (a directory on the way became a link)")
         data = _read_all(fd, limit + 1)
+        reads.opened(path, fd, data)
     finally:
         os.close(fd)
     if len(data) > limit:
@@ -219,7 +221,7 @@ def _gpus(kernel: Resolver) -> list[Gpu]:
     if base is None:
         return []
     try:
-        busids = sorted(os.listdir(base))
+        busids = sorted(reads.listdir(base))
     except OSError:
         return []
     gpus = []
@@ -266,14 +268,14 @@ def _devices(root: str, gpus: list[Gpu], majors: dict[str, int]) -> dict[str, De
         wanted["nvidia-uvm"] = (majors["nvidia-uvm"], 0)
         wanted["nvidia-uvm-tools"] = (majors["nvidia-uvm"], 1)
     caps_dir = os.path.join(root, "dev/nvidia-caps")
-    if "nvidia-caps" in majors and os.path.isdir(caps_dir):
-        for name in sorted(os.listdir(caps_dir)):
+    if "nvidia-caps" in majors and reads.isdir(caps_dir):
+        for name in sorted(reads.listdir(caps_dir)):
             m = re.fullmatch(r"nvidia-cap([0-9]{1,9})", name)
             if m:
                 wanted[f"nvidia-caps/{name}"] = (majors["nvidia-caps"], int(m.group(1)))
     imex_dir = os.path.join(root, "dev", IMEX_DIR)
-    if IMEX_MAJOR_NAME in majors and os.path.isdir(imex_dir):
-        for name in sorted(os.listdir(imex_dir)):
+    if IMEX_MAJOR_NAME in majors and reads.isdir(imex_dir):
+        for name in sorted(reads.listdir(imex_dir)):
             m = re.fullmatch(r"channel([0-9]{1,9})", name)
             if m:
                 wanted[f"{IMEX_DIR}/{name}"] = (majors[IMEX_MAJOR_NAME], int(m.group(1)))
@@ -281,7 +283,7 @@ def _devices(root: str, gpus: list[Gpu], majors: dict[str, int]) -> dict[str, De
     for name, (major, minor) in wanted.items():
         source = os.path.join(root, "dev", name)
         try:
-            st = os.lstat(source)
+            st = reads.lstat(source)
         except FileNotFoundError:
             continue
         if not stat.S_ISCHR(st.st_mode) or (os.major(st.st_rdev), os.minor(st.st_rdev)) != (major, minor):
@@ -310,7 +312,7 @@ def _dri(root: str, gpus: list[Gpu]) -> tuple[dict[str, tuple[str, ...]], dict[s
         for kind in ("card", "render"):
             link = os.path.join(root, "dev/dri", dri_link(g.busid, kind))
             try:
-                m = _DRI_LINK.fullmatch(os.readlink(link))
+                m = _DRI_LINK.fullmatch(reads.readlink(link))
             except (FileNotFoundError, NotADirectoryError, ValueError):
                 continue
             except OSError as e:
@@ -332,7 +334,7 @@ def _dri(root: str, gpus: list[Gpu]) -> tuple[dict[str, tuple[str, ...]], dict[s
 
 def _lstat(path: str) -> os.stat_result | None:
     try:
-        return os.lstat(path)
+        return reads.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
 
@@ -356,16 +358,16 @@ def _migs(kernel: Resolver, gpus: list[Gpu]) -> tuple[list[Mig], dict[str, int]]
     migs = []
     for g in gpus:
         base = _in(kernel, f"proc/driver/nvidia/capabilities/gpu{g.minor}/mig")
-        if base is None or not os.path.isdir(base):
+        if base is None or not reads.isdir(base):
             continue
-        for gi_name in sorted(os.listdir(base), key=_number_in):
+        for gi_name in sorted(reads.listdir(base), key=_number_in):
             gi = re.fullmatch(r"gi([0-9]{1,4})", gi_name)
             if gi is None or (gi_cap := _cap_minor(kernel, f"capabilities/gpu{g.minor}/mig/{gi_name}/access")) is None:
                 continue
             gi_dir = _in(kernel, f"proc/driver/nvidia/capabilities/gpu{g.minor}/mig/{gi_name}")
-            if gi_dir is None or not os.path.isdir(gi_dir):
+            if gi_dir is None or not reads.isdir(gi_dir):
                 continue
-            for ci_name in sorted(os.listdir(gi_dir), key=_number_in):
+            for ci_name in sorted(reads.listdir(gi_dir), key=_number_in):
                 ci = re.fullmatch(r"ci([0-9]{1,4})", ci_name)
                 rel = f"capabilities/gpu{g.minor}/mig/{gi_name}/{ci_name}/access"
                 if ci is not None and (ci_cap := _cap_minor(kernel, rel)) is not None:
@@ -440,7 +442,7 @@ def _ld_so_conf(resolver: Resolver, rel: str = "etc/ld.so.conf", depth: int = 0)
             pattern = pattern if pattern.startswith("/") else f"/{os.path.dirname(rel)}/{pattern}"
             head, _, glob = pattern.rpartition("/")
             host = _in(resolver, head)
-            for name in sorted(os.listdir(host)) if host is not None and os.path.isdir(host) else ():
+            for name in sorted(reads.listdir(host)) if host is not None and reads.isdir(host) else ():
                 if fnmatch.fnmatchcase(name, glob):
                     dirs += _ld_so_conf(resolver, f"{head.strip('/')}/{name}", depth + 1)
     return dirs
@@ -457,11 +459,11 @@ def _search(resolver: Resolver) -> tuple[list[tuple[str, str]], list[str]]:
             host = resolver.directory(rel)
         except LinkLoop:
             continue
-        if host is None or host in seen or not os.path.isdir(host):
+        if host is None or host in seen or not reads.isdir(host):
             continue
         seen.add(host)
         searched.append(rel)
-        names += [(rel, n) for n in sorted(os.listdir(host)) if n.startswith("lib") and ".so." in n]
+        names += [(rel, n) for n in sorted(reads.listdir(host)) if n.startswith("lib") and ".so." in n]
     return names, searched
 
 
@@ -545,27 +547,28 @@ def _firmware(resolver: Resolver, kernel: Resolver, version: str, notes: list[st
         target = f"{d.rstrip('/')}/nvidia/{version}"
         host = _in(base, target)
         try:
-            entries = sorted(os.scandir(host), key=lambda e: e.name) if host is not None else []
+            entries = sorted(reads.listdir(host)) if host is not None else []
         except OSError:  # not a directory
             continue
-        for e in entries:
-            if not (e.name.startswith("gsp") and e.name.endswith(".bin")) or e.name in names:
+        for name in entries:
+            if not (name.startswith("gsp") and name.endswith(".bin")) or name in names:
                 continue
-            path: str | None = e.path
-            if e.is_symlink():  # resolved inside its root
-                path = _in(base, f"{target}/{e.name}")
+            path: str | None = f"{host}/{name}"
+            st = _lstat(f"{host}/{name}")
+            if st is None:
+                continue
+            if stat.S_ISLNK(st.st_mode):  # resolved inside its root
+                path = _in(base, f"{target}/{name}")
                 st = _lstat(path) if path is not None else None
-                regular = st is not None and stat.S_ISREG(st.st_mode)
                 why = file_kind(st.st_mode) if st else "a symlink that leads to no file inside its root"
             else:
-                regular = e.is_file(follow_symlinks=False)
-                why = "" if regular else file_kind(e.stat(follow_symlinks=False).st_mode)
-            if not regular or path is None:
-                if (note := f"firmware: passed over {e.path}: {why}") not in notes:  # (a directory seen twice)
+                why = file_kind(st.st_mode)
+            if st is None or not stat.S_ISREG(st.st_mode) or path is None:
+                if (note := f"firmware: passed over {host}/{name}: {why}") not in notes:  # (a directory seen twice)
                     notes.append(note)
                 continue
-            names.add(e.name)
-            found[f"{target}/{e.name}"] = path
+            names.add(name)
+            found[f"{target}/{name}"] = path
     return found
 
 
@@ -588,7 +591,7 @@ def _bin_dirs(root: str, libraries: list[DriverLib], search_path: str | None) ->
     dirs = []
     for d in libdirs:  # real paths inside the root (resolved there): their parent is one too
         parent = d.rpartition("/")[0]
-        if len(parent) >= len(base) and os.path.isdir(parent + "/bin"):
+        if len(parent) >= len(base) and reads.isdir(parent + "/bin"):
             dirs.append(parent[len(base):] + "/bin")
     dirs += [d for d in (search_path or "").split(":") if d.startswith("/")]
     return list(dict.fromkeys(dirs + ["/" + d for d in catalog.BIN_DIRS]))
@@ -614,6 +617,7 @@ def _not_the_drivers(path: str, mode: int) -> str | None:
             return file_kind(st.st_mode)
         if not opened_at(fd, path):
             return "changed while being opened"
+        reads.opened(path, fd)
         head = os.pread(fd, 4096, 0)
     except OSError as e:
         return f"cannot read: {e.strerror}"
@@ -680,7 +684,7 @@ def _binaries(resolver: Resolver, dirs: list[str], version: str,
         if len(elfs) > 1:  # different files (or hard links of one): the driver's version first
             inodes: dict[tuple[int, int], str] = {}
             for p in elfs:
-                st = os.stat(p)
+                st = reads.stat_(p)
                 inodes.setdefault((st.st_dev, st.st_ino), p)
             elfs = sorted(inodes.values(), key=lambda p: (not _says_version(p, version), elfs.index(p)))
         if elfs:
@@ -691,7 +695,7 @@ def _binaries(resolver: Resolver, dirs: list[str], version: str,
             refused[name] = "; ".join(passed)
             notes += [f"{name}: passed over {p}" for p in passed]
         for _d, host in where:
-            if os.path.islink(f"{host}/{name}"):
+            if reads.islink(f"{host}/{name}"):
                 notes.append(f"{name}: passed over {host}/{name}: a symlink that leads to no file inside the driver root")
     return found, refused
 
@@ -702,8 +706,8 @@ def _configs(resolver: Resolver) -> tuple[dict[str, str], dict[str, str]]:
     wanted = [p for paths in catalog.CONFIGS.values() for p in paths]
     for d in catalog.EGL_PLATFORMS:
         host = resolve_in_root(resolver.root, d)
-        if host is not None and os.path.isdir(host):
-            wanted += [f"{d}/{n}" for n in sorted(os.listdir(host)) if catalog.PLATFORM_FILE.fullmatch(n)]
+        if host is not None and reads.isdir(host):
+            wanted += [f"{d}/{n}" for n in sorted(reads.listdir(host)) if catalog.PLATFORM_FILE.fullmatch(n)]
     configs = {p: host for p in wanted if (host := _plain(resolver, p)) is not None}
     texts = {}
     for p, host in configs.items():
@@ -736,12 +740,12 @@ def _flavour(resolver: Resolver, version: str) -> str | None:
         host = resolver.directory(catalog.XORG_FLAVOURS)
     except LinkLoop:
         return None
-    if host is None or not os.path.isdir(host):
+    if host is None or not reads.isdir(host):
         return None
     glx = f"libglxserver_nvidia.so.{version}"
     if _plain(resolver, f"{catalog.XORG_FLAVOURS}/current/{glx}"):
         return "current"
-    names = sorted(os.listdir(host))
+    names = sorted(reads.listdir(host))
     return next((n for n in names if _plain(resolver, f"{catalog.XORG_FLAVOURS}/{n}/{glx}")),
                 "current" if "current" in names else None)
 
@@ -769,12 +773,12 @@ def discover(root: str = "/", dev_root: str | None = None, search_path: str | No
     ("/") by default our PATH, the host's, as nvidia-ctk reads it."""
     # real paths: every source is then the path the kernel names what it opens by (opened_at)
     given = {"driver root": root, "device root": dev_root or root}
-    root = os.path.realpath(root)
+    root = os.path.realpath(root)  # (the answer noted below: what the path the caller gave leads to)
     dev_root = os.path.realpath(dev_root) if dev_root else root
     for (what, asked), path in zip(given.items(), (root, dev_root), strict=True):
-        if not os.path.isdir(path):
+        if not reads.isdir(path):
             raise DriverError(f"{path}: {what} is not a directory")
-        a, b = os.stat(asked), os.stat(path)
+        a, b = reads.stat_(asked), reads.stat_(path)
         if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):  # /proc/<pid>/root: realpath reads "/"
             raise DriverError(f"{asked}: the {what} is reached through a link that names no path here "
                               f"(realpath gives {path}); give its real path")
@@ -827,7 +831,7 @@ def discover(root: str = "/", dev_root: str | None = None, search_path: str | No
         loader_texts=loader_texts,
         xorg=_xorg(resolver, version),
         ipc=_ipc(resolver),
-        procfs=procfs if procfs is not None and os.path.isdir(procfs) else None,
+        procfs=procfs if procfs is not None and reads.isdir(procfs) else None,
         libraries_from="etc/ld.so.cache" if names is None else "search of " + (", ".join(searched) or "no directory"),
         notes=tuple(notes),
     )

@@ -16,6 +16,7 @@ import struct
 
 import msgspec
 
+from mounts import reads
 from mounts.errors import ElfError
 
 DT_NULL, DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_SONAME = 0, 1, 5, 10, 14
@@ -44,6 +45,7 @@ def read_elf(path: str) -> ElfInfo:
     except OSError as e:
         raise ElfError(f"{path}: cannot read: {e.strerror}") from None
     try:
+        reads.opened(path, fd)
         head = os.pread(fd, 4096, 0)  # the ELF header and, nearly always, the program headers
         if head[:4] != b"\x7fELF":
             raise ElfError("not an ELF file (bad magic)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import stat
 
+from mounts import reads
 from mounts.errors import SandboxError
 
 MAX_LINKS = 40
@@ -91,11 +92,11 @@ def _resolve(root: str, path: str) -> str | None:
             continue
         candidate = done[-1] + "/" + part
         try:
-            st = os.lstat(candidate)
+            st = reads.lstat(candidate)
         except OSError:
             return None
         if stat.S_ISLNK(st.st_mode):
-            if walk.follow(os.readlink(candidate)):
+            if walk.follow(reads.readlink(candidate)):
                 del done[1:]
             continue
         done.append(candidate)
@@ -136,7 +137,7 @@ class Resolver:
         try:
             if name in ("", ".", "..") or (host := self.directory(parent)) is None:
                 return _resolve(self.root, head) if name in ("", ".", "..") else None
-            st = os.lstat(host.rstrip("/") + "/" + name)
+            st = reads.lstat(host.rstrip("/") + "/" + name)
         except LinkLoop:
             return _LOOP
         except OSError:
@@ -169,12 +170,12 @@ class Resolver:
             return self._slow(path)
         for _ in range(MAX_LINKS):
             try:
-                st = os.lstat(d + "/" + name)
+                st = reads.lstat(d + "/" + name)
             except OSError:
                 return None
             if not stat.S_ISLNK(st.st_mode):
                 return d + "/" + name, st.st_mode
-            target = os.readlink(d + "/" + name)
+            target = reads.readlink(d + "/" + name)
             if "/" in target or target in (".", ".."):
                 return self._slow(path)
             name = target
@@ -185,6 +186,6 @@ class Resolver:
         if host is None:
             return None
         try:
-            return host, os.stat(host).st_mode
+            return host, reads.stat_(host).st_mode
         except OSError:
             return None

@@ -43,10 +43,10 @@ def plan_bundle(bundle: str | Bundle, driver_root: str = "/", gpus: str | None =
                 dev_root: str | None = None, cdi_dirs: tuple[str, ...] = (), native_only: bool = False) -> Plan:
     """The mount plan for ``bundle`` against the driver under ``driver_root``. A bundle that
     asks for no GPU gets an empty plan (and the driver root is not even looked at)."""
-    from mounts.driver import discover
+    from mounts.inventories import inventory as kept_inventory
 
     if isinstance(bundle, str):
         bundle = load_bundle(bundle)
     _, request, _ = resolve(bundle.spec, gpus, capabilities, max_capabilities, cdi_dirs, native_only)
-    inventory = discover(driver_root, dev_root) if request is not None else None
+    inventory = kept_inventory(driver_root, dev_root)[0] if request is not None else None
     return compute_plan(request, inventory, layout_of(bundle.rootfs))

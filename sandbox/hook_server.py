@@ -110,6 +110,10 @@ def serve(args, main) -> int:
                                or SOCKET)
         listener = _listen(path)
     _filter_cache(path)
+    from mounts import inventories
+
+    # the inventories our children discover come back here, for the children forked after
+    reports, inventories.REPORT = inventories.report_pair()
     print(f"sandbox hook serve: listening on {path}", file=sys.stderr, flush=True)
 
     def stop(_signum, _frame):
@@ -134,6 +138,7 @@ def serve(args, main) -> int:
                     _decline(conn, f"{MAX_CHILDREN} hooks are being served")
                     continue
                 conn.settimeout(REQUEST_TIMEOUT)
+                inventories.receive(reports)  # (what children sent since: never waited for)
                 # SIGCHLD held until the child is counted: reaped before it was added, its pid
                 # would stay in _children for good, and MAX_CHILDREN of those stop the server
                 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})

@@ -353,12 +353,12 @@ def _stream_plan(sock, request, bundle, opts: Options, spans, cgroup=None) -> No
     """Discover the driver and send each action of the plan the moment it is known."""
     from gofer import protocol
     from mounts.actions import Device
-    from mounts.driver import discover
+    from mounts.inventories import inventory as kept_inventory
     from mounts.layout import layout_of
     from mounts.plan import iter_plan
 
-    with spans.span("discovery"):
-        inventory = discover(opts.driver_root, opts.dev_root)
+    with spans.span("discovery") as s:
+        inventory, s.args["kept"] = kept_inventory(opts.driver_root, opts.dev_root)
         layout = layout_of(bundle.rootfs)
     if opts.debug:  # what discovery passed over: wrappers, links leading nowhere ...
         from sandbox.messages import stderr_line
