@@ -358,7 +358,8 @@ def _stream_plan(sock, request, bundle, opts: Options, spans, cgroup=None) -> No
     from mounts.plan import iter_plan
 
     with spans.span("discovery") as s:
-        inventory, s.args["kept"] = kept_inventory(opts.driver_root, opts.dev_root)
+        inventory, kept = kept_inventory(opts.driver_root, opts.dev_root)
+        s.args["kept"] = int(kept)  # (a trace's args are ints or strings)
         layout = layout_of(bundle.rootfs)
     if opts.debug:  # what discovery passed over: wrappers, links leading nowhere ...
         from sandbox.messages import stderr_line
