@@ -21,7 +21,9 @@ itself, as before; nothing else changes.
 
 The child has the hook's environment, not the server's (PATH only) and works from "/":
 what reaches it is what reaches a hook. Only root may connect (SO_PEERCRED); the socket
-lives in a directory only root can enter.
+lives in a directory only root can enter, reached from / through directories only root can
+change (mounts/trusted.py: the server refuses to start otherwise, and the filter cache
+beside the socket is checked so at each use).
 
 A served verb (state, kill, delete, start, ...) comes from the `sandbox` launcher itself
 (sandbox/launcher.c), never from Python:
@@ -184,7 +186,7 @@ def _listen(path: str):
 
     from mounts.errors import SandboxError
 
-    _root_only_dir(os.path.dirname(path), f"--server {path}", "another user could take the socket's place")
+    os.close(_root_only_dir(os.path.dirname(path), f"--server {path}", "another user could take the socket's place"))
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
         probe.connect(path)
@@ -209,14 +211,25 @@ def _listen(path: str):
     return listener
 
 
-def _root_only_dir(directory: str, what: str, why: str) -> None:
-    """``directory``, made if missing: it must be root's and writable by no one else."""
-    from mounts.errors import SandboxError
+def _root_only_dir(directory: str, what: str, why: str) -> int:
+    """``directory`` (an fd to close), made 0700 where missing: it and every directory and
+    link on the way from / root's and writable by no one else (mounts/trusted.py; what is
+    missing is made only below a directory that passes)."""
+    from mounts.trusted import open_root_only
 
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    st = os.lstat(directory)
-    if st.st_uid != 0 or st.st_mode & 0o022 or not os.path.isdir(directory) or os.path.islink(directory):
-        raise SandboxError(f"{what}: {directory} must be a directory of root's that no one else may write ({why})")
+    directory = os.path.abspath(directory)
+    there = directory
+    while not os.path.lexists(there):
+        there = os.path.dirname(there)
+    if there != directory:
+        os.close(open_root_only(there, what, why, leaf=False))
+        for name in directory[len(there):].strip("/").split("/"):
+            there = os.path.join(there, name)
+            try:
+                os.mkdir(there, 0o700)
+            except FileExistsError:
+                pass  # (made meanwhile: checked below like the rest)
+    return open_root_only(directory, what, why)
 
 
 def _filter_cache(path: str) -> None:
@@ -224,8 +237,9 @@ def _filter_cache(path: str) -> None:
     creates and execs our children serve; without it each compiles its filter. Each server
     has a directory of its own there, and removes the others' as it starts: what another
     server compiled (older code, an older libseccomp) is not ours, even from a child of
-    its still at work."""
+    its still at work. Its way from / is checked here and at each use (gofer/seccomp.py)."""
     import shutil
+    import stat
 
     from gofer import seccomp
     from mounts.errors import SandboxError
@@ -233,20 +247,20 @@ def _filter_cache(path: str) -> None:
     top = f"{path}.bpf"  # (this socket's own: a --server in a shared directory empties nobody else's)
     why = "a filter planted there would be a container's"
     try:
-        _root_only_dir(os.path.dirname(path), "seccomp filter cache", why)  # (a socket unit's: not checked yet)
-        _root_only_dir(top, "seccomp filter cache", why)
-        for name in os.listdir(top):
-            old = os.path.join(top, name)
-            if os.path.isdir(old) and not os.path.islink(old):
-                shutil.rmtree(old)
-            else:
-                os.unlink(old)
-        directory = os.path.join(top, str(os.getpid()))
-        os.mkdir(directory, 0o700)
+        fd = _root_only_dir(top, "seccomp filter cache", why)  # (the socket's directory too: a socket unit's)
+        try:
+            for name in os.listdir(fd):
+                if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    shutil.rmtree(name, dir_fd=fd)
+                else:
+                    os.unlink(name, dir_fd=fd)
+            os.mkdir(str(os.getpid()), 0o700, dir_fd=fd)
+        finally:
+            os.close(fd)
     except (OSError, SandboxError) as e:
         print(f"sandbox hook serve: no seccomp filter cache: {e}", file=sys.stderr, flush=True)
         return
-    seccomp.CACHE = directory
+    seccomp.CACHE = os.path.join(top, str(os.getpid()))
 
 
 _bound: dict[str, int] = {}  # socket path -> the inode we bound there
