@@ -9,6 +9,12 @@
 
 #define MAX_REQUEST (1 << 20) /* server_client.MAX_REQUEST */
 #define DEFAULT_SOCKET "/run/gpu-sandbox/hook.sock"
+/* s the launcher waits for the server's first answer ({"running"}, a plan, {"fallback"}),
+ * which its child sends at once (a create's once the bundle is read): past it, the verb runs
+ * in the launcher's Python (a server stopped, or stalled) */
+#define TAKE_UP_S 5
+/* s exec's launcher waits for the answer to its report (the server writes the pid file) */
+#define REPORT_ANSWER_S 30
 
 struct buf { char *p; size_t n, cap; };
 
