@@ -343,6 +343,8 @@ static void set_rlimits(struct plan *pl) {
 /* C: into the container's cgroups and namespaces, then fork G. Never returns. */
 static void enter(struct plan *pl) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    for (char **e = environ; *e; e++) /* the engine's (its secrets, perhaps): G, in the container until */
+        explicit_bzero(*e, strlen(*e)); /* it execs, has the process's own from the plan */
     char pid[32];
     snprintf(pid, sizeof pid, "%d", getpid());
     for (int i = 0; i < pl->ncgroups; i++) {

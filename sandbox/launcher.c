@@ -21,8 +21,9 @@
  * the exit code comes back. No Python starts here. Where the server is of no use (none
  * listens, it is not root's, it declines, a full queue for a second, no answer in TAKE_UP_S,
  * an argument that is not UTF-8) the verb runs here as before; once it has taken the verb up
- * ({"running"}, exec's plan), its death is one line and exit 1, never a second run. `exec`,
- * `create` and `run` go the same way after this
+ * ({"running"}, exec's plan), its death is one line and exit 1, never a second run (the
+ * request, the engine's environment, is blanked before it is freed: the heap is what a
+ * served create's pid 1 starts with). `exec`, `create` and `run` go the same way after this
  * program has re-executed itself from a read-only view of itself: the server answers with a
  * plan that frontend.c carries out in this process tree (sandbox/exec_frontend.py,
  * sandbox/create_frontend.py).
@@ -105,7 +106,7 @@ static int send_request(int argc, char **argv) {
         || !utf8((unsigned char *)cwd, strlen(cwd)) || json_string(&req, cwd, strlen(cwd))
         || put(&req, ", \"umask\": ", 11) || put(&req, mask, strlen(mask)) || put(&req, ", \"env\": [", 10)
         || json_strings(&req, environ, n) || put(&req, "]}", 2)) {
-        free(req.p);
+        buf_free(&req);
         return -1;
     }
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -125,10 +126,10 @@ static int send_request(int argc, char **argv) {
         || getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.uid != 0
         || sendmsg(s, &msg, 0) != (ssize_t)req.n) {
         if (s >= 0) close(s);
-        free(req.p);
+        buf_free(&req);
         return -1;
     }
-    free(req.p);
+    buf_free(&req); /* (the engine's environment: blanked, not left in the heap pid 1 starts with) */
     return s;
 }
 

@@ -18,13 +18,21 @@
 
 struct buf { char *p; size_t n, cap; };
 
+/* Grown by a copy, the old block blanked before it is freed (never realloc): a request holds
+ * the caller's environment, and the launcher's heap is what the container's pid 1 and
+ * exec's process start with (issue #29). */
 static inline int put_max(struct buf *b, const char *s, size_t n, size_t max) {
     if (n > max || b->n > max - n) return -1;
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
         while (cap < b->n + n) cap *= 2;
-        char *p = realloc(b->p, cap);
+        char *p = malloc(cap);
         if (!p) return -1;
+        if (b->p) {
+            memcpy(p, b->p, b->n);
+            explicit_bzero(b->p, b->cap);
+            free(b->p);
+        }
         b->p = p, b->cap = cap;
     }
     memcpy(b->p + b->n, s, n);
@@ -33,6 +41,13 @@ static inline int put_max(struct buf *b, const char *s, size_t n, size_t max) {
 }
 
 static inline int put(struct buf *b, const char *s, size_t n) { return put_max(b, s, n, MAX_REQUEST); }
+
+/* The buffer blanked and freed (see put_max). */
+static inline void buf_free(struct buf *b) {
+    if (b->p) explicit_bzero(b->p, b->cap);
+    free(b->p);
+    b->p = NULL, b->n = b->cap = 0;
+}
 
 /* UTF-8 as Python's strict decoder takes it (the server decodes the request so), no NUL:
  * no overlong forms, no surrogates, nothing past U+10FFFF. */

@@ -392,6 +392,49 @@ def test_silent_peers_do_not_slow_a_served_verb(server, tmp_path):
     assert sum(": state: " in line for line in served_lines(log)) == 6, log.read_text()
 
 
+def _memory_holds(pid: int, needle: bytes) -> list[str]:
+    """The mappings of ``pid`` (as root on the host: /proc/PID/mem) whose bytes hold ``needle``."""
+    found = []
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if not fields[1].startswith("r") or fields[-1] in ("[vvar]", "[vsyscall]"):
+                continue
+            try:
+                mem.seek(start)
+                data = mem.read(end - start)
+            except OSError:
+                continue
+            if needle in data:
+                found.append(line.strip())
+    return found
+
+
+def test_a_served_inits_memory_holds_none_of_the_engines_environment(server, make_bundle, tmp_path):
+    """The waiting init is the launcher's child: it starts with the launcher's heap, where the
+    request (the engine's whole environment, its secrets with it) was built and freed (issue
+    #29). A container process with CAP_SYS_PTRACE reads that heap: no byte of a variable the
+    engine gave the launcher is found in any mapping of the init."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    secret = os.urandom(16).hex()
+    env = dict(os.environ, SANDBOX_SERVER=str(path), ENGINE_SECRET=secret)
+    env.update({f"ENGINE_PADDING_{i}": "p" * 200 for i in range(40)})  # (a request grown a few times)
+    with open(tmp_path / "out", "w") as out:
+        r = subprocess.run([str(LAUNCHER), "--root", str(root), "create", "-b", str(make_bundle(["true"])), "c"],
+                           stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=60, env=env)
+    try:
+        assert r.returncode == 0, (tmp_path / "out").read_text()
+        init = json.loads(verb_(path, "--root", root, "state", "c").stdout)["pid"]
+        assert _memory_holds(init, secret.encode()) == []
+        assert _memory_holds(os.getpid(), secret.encode())  # (the search finds what is there)
+    finally:
+        verb_(path, "--root", root, "delete", "--force", "c")
+    assert sum(": create: " in line for line in served_lines(log)) == 1, log.read_text()
+
+
+
 def test_a_silent_peer_is_dropped_whatever_child_was_forked_meanwhile(server, make_bundle, tmp_path):
     """A connection that waits for its request is the server's alone: a child forked for
     another request meanwhile (here a create held by its prestart hook) keeps no copy of it,
