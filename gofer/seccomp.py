@@ -23,6 +23,7 @@ import msgspec
 from gofer import syscalls as sc
 from mounts.errors import SandboxError
 from mounts.spec import OCI_VERSION, Seccomp
+from mounts.trusted import open_root_only
 
 FLAGS = {"SECCOMP_FILTER_FLAG_TSYNC": sc.SCMP_FLTATR_CTL_TSYNC, "SECCOMP_FILTER_FLAG_LOG": sc.SCMP_FLTATR_CTL_LOG,
          "SECCOMP_FILTER_FLAG_SPEC_ALLOW": sc.SCMP_FLTATR_CTL_SSB}
@@ -79,7 +80,10 @@ def export(spec: Seccomp) -> bytes:
     engine gives every container one default profile, and its compiling was ~7 ms of each
     served create and exec here, 30 under load. The key is the profile as encoded (each
     server has a directory of its own: its code and libseccomp are the same throughout); a
-    file that is not root's alone, one name, whole instructions is not used."""
+    file that is not root's alone, one name, whole instructions is not used, nor is the
+    cache at all where a directory on its way from / is not root's alone (mounts/trusted.py):
+    its owner could rename our files, written into a directory of theirs, into each other's
+    names."""
     if CACHE is None:
         return compile_filter(spec).ctx.export_bpf()
     import hashlib
@@ -87,9 +91,9 @@ def export(spec: Seccomp) -> bytes:
     from mounts.atomic import replace_whole
 
     key = hashlib.sha256(msgspec.json.encode(spec)).hexdigest()
-    try:
-        cache = os.open(CACHE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    try:  # its way from / again at each use: a directory on it another user's, and the files are theirs to swap
+        cache = open_root_only(CACHE, "seccomp filter cache", "a filter planted there would be a container's")
+    except (OSError, SandboxError):
         return compile_filter(spec).ctx.export_bpf()
     try:
         try:

@@ -34,21 +34,37 @@ class CreateFrontend:
         self.conn, self.pid = conn, pid
         self.read = None  # launch.read_bundle's, once check has read the bundle
         self.cgroups = cgroup_dirs(pid)  # where it goes back should the create fail
+        self.planned = False  # taken up: never declined from here on
 
     def check(self, args) -> None:
-        """Raise Decline where the launcher's init cannot serve this bundle. A bundle that
-        cannot be read is not declined: the verb says so, as it would in Python."""
+        """Raise Decline where the launcher's init cannot serve this bundle; else take the
+        verb up. A bundle that cannot be read is not declined: the verb says so, as it would
+        in Python."""
         from sandbox.launch import options, read_bundle
 
         opts = options(args, detached=True, foreground=False)  # (a console socket: declined by the server already)
         try:
             read = read_bundle(opts)
         except SandboxError:
+            self._take_up()
             return
         self.read = read  # (launch takes it from here: the bundle is read once)
         why = unsupported_create(read[1][0])
         if why is not None:
             raise Decline(why)
+        self._take_up()
+
+    def _take_up(self) -> None:
+        """{"running"}, before the verb has any effect (the id claimed, a cgroup made): from
+        here on the launcher never runs it again in Python, and reports our death (issue
+        #29: a worker killed after the claim had the launcher's Python create say "already
+        exists"). Refused (a launcher that gave up waiting: its shutdown makes our send fail),
+        nothing happens and the launcher runs the verb itself."""
+        try:
+            self.conn.sendall(b'{"running": true}')
+        except OSError as e:
+            raise Decline(f"the launcher stopped waiting: {e.strerror}") from None
+        self.planned = True
 
     def launcher(self):
         from sandbox.launch import Launcher

@@ -372,7 +372,7 @@ static void set_rlimits(struct plan *pl) {
 
 /* C: into the container's cgroups and namespaces, then fork G. Never returns. */
 static void enter(struct plan *pl) {
-    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* (the engine's command line and environment: blanked by our caller) */
     char pid[32];
     snprintf(pid, sizeof pid, "%d", getpid());
     for (int i = 0; i < pl->ncgroups; i++) {
@@ -392,25 +392,26 @@ static void enter(struct plan *pl) {
     process(pl);
 }
 
-ssize_t recv_plan(int s, char *buf, int *fds, int *nfds) {
+ssize_t recv_plan(int s, char *buf, size_t cap, int *fds, int *nfds, int flags) {
     union { char buf[CMSG_SPACE(MAX_FDS * sizeof(int))]; struct cmsghdr align; } control;
-    struct iovec iov = {.iov_base = buf, .iov_len = MAX_REQUEST};
+    struct iovec iov = {.iov_base = buf, .iov_len = cap};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
                          .msg_controllen = sizeof control.buf};
     ssize_t r;
     *nfds = 0;
-    do r = recvmsg(s, &msg, MSG_CMSG_CLOEXEC); while (r < 0 && errno == EINTR);
+    do r = recvmsg(s, &msg, MSG_CMSG_CLOEXEC | flags); while (r < 0 && errno == EINTR);
     for (struct cmsghdr *c = r > 0 ? CMSG_FIRSTHDR(&msg) : NULL; c; c = CMSG_NXTHDR(&msg, c))
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
             int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
             for (int i = 0; i < k && *nfds < MAX_FDS; i++) memcpy(&fds[(*nfds)++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
         }
-    if (r <= 0 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    if (r > 0 && (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
         for (int i = 0; i < *nfds; i++) close(fds[i]);
         *nfds = 0;
+        errno = EMSGSIZE;
         return -1;
     }
-    buf[r] = '\0';
+    if (r >= 0) buf[r] = '\0';
     return r;
 }
 
@@ -418,12 +419,18 @@ ssize_t recv_plan(int s, char *buf, int *fds, int *nfds) {
 
 static char started[512]; /* the {"started"} reply, for its id */
 
-/* The server's answer on s: its {"code"}, RUNNING for {"started"} (s left open), or -1 where
- * it died first; s is closed but for RUNNING. */
+#define NO_ANSWER (-2) /* reply_code: nothing within the socket's SO_RCVTIMEO */
+
+/* The server's answer on s: its {"code"}, RUNNING for {"started"} (s left open), -1 where it
+ * died first, NO_ANSWER past a deadline set on s; s is closed but for RUNNING. */
 static int reply_code(int s) {
     char reply[512];
     ssize_t r;
     do r = recv(s, reply, sizeof reply - 1, 0); while (r < 0 && errno == EINTR);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        close(s);
+        return NO_ANSWER;
+    }
     if (r > 0) {
         reply[r] = '\0';
         if (field(reply, "started")) {
@@ -572,8 +579,8 @@ static int wait_and_report(int s, pid_t init, const char *id, char **argv, int v
 static void hide_command_line(char **argv) {
     static const char name[] = "sandbox-init";
     size_t room = argv[0] ? strlen(argv[0]) : 0;
-    for (char **a = argv; *a; a++) memset(*a, 0, strlen(*a));
-    for (char **e = environ; *e; e++) memset(*e, 0, strlen(*e));
+    for (char **a = argv; *a; a++) explicit_bzero(*a, strlen(*a));
+    for (char **e = environ; *e; e++) explicit_bzero(*e, strlen(*e));
     if (room >= sizeof name - 1) memcpy(argv[0], name, sizeof name - 1);
 }
 
@@ -618,12 +625,22 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds, char **a
     const char *line = strstr(text, "pid ");
     if (line == text || (line && line[-1] == '\n')) g = (pid_t)atoi(line + 4);
     int failed = strstr(text, "err ") != NULL;
-    /* the server prints an error, or writes the pid file, and answers with the code */
-    if (send(s, text, got, 0) < 0) {
-        fprintf(stderr, "sandbox exec: the server went away: %s\n", strerror(errno));
+    /* the server prints an error, or writes the pid file, and answers with the code: at once
+     * (a deadline: a stalled server must not hold the engine's exec for good) */
+    struct timeval limit = {.tv_sec = REPORT_ANSWER_S};
+    int code = send(s, text, got, 0) < 0 ? (close(s), -1)
+        : setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit) < 0 ? (close(s), -1) : reply_code(s);
+    if (code < 0) {
+        if (code == NO_ANSWER)
+            fprintf(stderr, "sandbox exec: the server gave no answer to the process's report in %d s\n", REPORT_ANSWER_S);
+        else
+            fprintf(stderr, "sandbox exec: the server died before it answered\n");
+        if (g > 0 && !pl.detach) { /* a failed exec leaves no process (as runc's terminates it): ours to kill */
+            kill(g, SIGKILL);
+            while (waitpid(g, NULL, 0) < 0 && errno == EINTR) {}
+        }
         return 1;
     }
-    int code = server_code(s, "exec");
     if (code != 0 || pl.detach) {
         if (failed && g > 0 && !pl.detach) waitpid(g, NULL, 0); /* (it exits right after its report) */
         return code;
@@ -646,8 +663,8 @@ static void init_process(int chan) {
     report_fd = chan, report_waits = 1;
     char *buf = malloc(MAX_REQUEST + 1);
     int fds[MAX_FDS], nfds = 0;
-    ssize_t r = buf != NULL ? recv_plan(chan, buf, fds, &nfds) : -1;
-    if (r < 0) _exit(1); /* the gofer gave up before the plan (it says why) */
+    ssize_t r = buf != NULL ? recv_plan(chan, buf, MAX_REQUEST, fds, &nfds, 0) : -1;
+    if (r <= 0) _exit(1); /* the gofer gave up before the plan (it says why) */
     struct plan pl;
     if (parse(&pl, buf, (size_t)r, fds, nfds) < 0 || pl.fifo < 0)
         fail(1, "the server's plan for the init is not one this launcher reads (rebuild both)");

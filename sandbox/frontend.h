@@ -9,10 +9,10 @@
 
 #define MAX_FDS 64 /* gofer/frontend_plan.py's */
 
-/* One message of records from s with its fds (close-on-exec), into buf (MAX_REQUEST + 1
- * bytes, NUL-terminated): its length, or -1 (EOF, an error, a message or fds cut short:
- * nothing kept). */
-ssize_t recv_plan(int s, char *buf, int *fds, int *nfds);
+/* One message of records from s with its fds (close-on-exec), into buf (cap bytes and a NUL,
+ * NUL-terminated), recvmsg's flags added: its length, 0 at EOF, or -1 with errno (EAGAIN
+ * past an SO_RCVTIMEO; EMSGSIZE for a message or fds cut short: nothing kept). */
+ssize_t recv_plan(int s, char *buf, size_t cap, int *fds, int *nfds, int flags);
 
 /* Runs the plan (buf, n; fds as received) on the server's connection s: the exit code of
  * `sandbox exec`, the process's own when not detached. argv: the command line, blanked in

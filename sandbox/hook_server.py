@@ -21,7 +21,10 @@ itself, as before; nothing else changes.
 
 The child has the hook's environment, not the server's (PATH only) and works from "/":
 what reaches it is what reaches a hook. Only root may connect (SO_PEERCRED); the socket
-lives in a directory only root can enter.
+lives in a directory only root can enter, reached from / through directories only root can
+change (mounts/trusted.py: the server refuses to start otherwise, and the filter cache
+beside the socket is checked so at each use). The accept loop never waits on a peer: one it
+declines is answered at once, a trusted one waits in its poll set until its request comes.
 
 A served verb (state, kill, delete, start, ...) comes from the `sandbox` launcher itself
 (sandbox/launcher.c), never from Python:
@@ -33,19 +36,27 @@ A served verb (state, kill, delete, start, ...) comes from the `sandbox` launche
                     <------------------------------------------      {"running"}
                                                                      and environment; cli.main
                     <------------------------------------------      {"code"}
-    exit with it (on {"fallback"}, or an EOF before {"running"}: a server that never took the
-    verb up, start Python and run the verb itself)
+    exit with it (on {"fallback"}, or an EOF before {"running"}, or nothing in TAKE_UP_S: a
+    server that never took the verb up, start Python and run the verb itself; an EOF after
+    {"running"}: one line, exit 1, never a second run)
 
 These verbs fork nothing the container runs (poststart and poststop hooks are the spec's
 commands, run to completion), so nothing needs to descend from the engine's process. exec
 does fork the container's process: its child answers with a plan, not {"running"}, and the
 launcher forks (sandbox/exec_frontend.py, sandbox/frontend.c); so does create's, whose
 gofer has the launcher fork the init and builds its root (sandbox/create_frontend.py,
-gofer/remote_init.py). run goes as create does, then the server's child starts the
-container, and for a foreground run answers {"started"}: the launcher, pid 1's parent,
-waits for it and sends its wait status back, and the child removes the container as
-Python's run does and answers with the exit code. A server keeps the code it started with:
-restart it after an upgrade.
+gofer/remote_init.py): its child says {"running"} once it will not decline, before it
+claims the id, and the "clone" records follow. run goes as create does, then the server's
+child starts the container, and for a foreground run answers {"started"}: the launcher,
+pid 1's parent, waits for it and sends its wait status back, and the child removes the
+container as Python's run does and answers with the exit code. A server keeps the code it
+started with: restart it after an upgrade.
+
+Which of the launcher's waits have a deadline (sandbox/server_wire.h): the first answer
+(TAKE_UP_S: its child sends it at once; past it, shutdown(SHUT_RD) settles a late one, see
+launcher.c's first_answer) and the answer to exec's report (the pid file); not what follows
+a verb taken up (hooks, systemd, a container's whole life in a foreground run), where the
+server's death is the EOF the launcher reports.
 """
 
 from __future__ import annotations
@@ -89,15 +100,22 @@ def _trusted_peer(conn) -> bool:
     return bool(caps & (1 << 21)) and same  # CAP_SYS_ADMIN
 
 
-MAX_CHILDREN = 64  # hooks served at once; more are told to do the work themselves
+MAX_CHILDREN = 64  # hooks and verbs served at once; more are told to do the work themselves
+MAX_WAITING = 256  # connections whose request has not come yet; more are told so too
 REQUEST_TIMEOUT = 2.0  # s for a client to send its request (ours send it right after connect)
-DECLINE_WAIT = 0.1  # s for the request of a client we decline
 
 
 def serve(args, main) -> int:
     """`sandbox serve [--server PATH]` (or `sandbox hook serve`): listen until SIGTERM or SIGINT.
-    ``main`` is the CLI's (sandbox/cli.py): a served verb's child runs it."""
+    ``main`` is the CLI's (sandbox/cli.py): a served verb's child runs it.
+
+    The loop never waits on a peer (issue #29: a peer we declined cost it 0.1 s, and 60 that
+    never sent stalled every verb for seconds): an untrusted peer is answered without a
+    wait, whatever it has sent; a trusted one waits in a poll set until its request comes
+    (then a child is forked for it) or REQUEST_TIMEOUT passes (then it is closed)."""
+    import select
     import signal
+    import time
 
     from mounts.errors import SandboxError
 
@@ -122,40 +140,53 @@ def serve(args, main) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGCHLD, lambda *_: _reap())
+    listener.setblocking(False)
+    poll = select.poll()
+    poll.register(listener, select.POLLIN)
+    # Each signal also wakes the poll through this pipe: CPython runs a handler once the poll
+    # says EINTR, and one that comes while another's handler runs (SIGTERM during SIGCHLD's)
+    # would wait, unseen, in a poll re-entered from C (the server ignored such a SIGTERM)
+    wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake[1], warn_on_full_buffer=False)
+    poll.register(wake[0], select.POLLIN)
+    waiting: dict[int, tuple] = {}  # fd -> (connection, deadline), in the order they came
     try:
         while True:
-            try:
-                conn, _ = listener.accept()
-            except InterruptedError:
-                continue
-            with conn:
-                if not _trusted_peer(conn):
-                    _decline(conn, "a hook server serves only root with CAP_SYS_ADMIN in its namespaces and root")
-                    continue
-                if len(_children) >= MAX_CHILDREN:
-                    # never wait here: slow clients holding every child must not stop the
-                    # others (the hook does its own work, serialized per container)
-                    _decline(conn, f"{MAX_CHILDREN} hooks are being served")
-                    continue
-                conn.settimeout(REQUEST_TIMEOUT)
-                inventories.receive(reports)  # (what children sent since: never waited for)
-                # SIGCHLD held until the child is counted: reaped before it was added, its pid
-                # would stay in _children for good, and MAX_CHILDREN of those stop the server
-                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-                child = os.fork()
-                if child == 0:
-                    listener.close()
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-                    code = 1
+            timeout = None
+            if waiting:
+                first = next(iter(waiting.values()))[1]
+                timeout = max(0, int((first - time.monotonic()) * 1000) + 1)
+            for fd, _events in poll.poll(timeout):
+                if fd == listener.fileno():
+                    for conn in _accept_all(listener):
+                        if not _trusted_peer(conn):
+                            _decline(conn, "a hook server serves only root with CAP_SYS_ADMIN in its namespaces and root")
+                        elif len(waiting) >= MAX_WAITING:
+                            _decline(conn, f"{MAX_WAITING} connections wait for their request")
+                        else:
+                            waiting[conn.fileno()] = (conn, time.monotonic() + REQUEST_TIMEOUT)
+                            poll.register(conn, select.POLLIN)
+                            continue
+                        conn.close()
+                elif fd in waiting:
+                    conn = waiting.pop(fd)[0]
+                    poll.unregister(fd)
+                    with conn:
+                        if _has_request(conn):
+                            inventories.receive(reports)  # (what children sent since: never waited for)
+                            _fork_child(conn, [listener, *(c for c, _ in waiting.values())], wake, main)
+                elif fd == wake[0]:  # (emptied: the handlers themselves run between bytecodes)
                     try:
-                        code = _handle(conn, main)
-                    except BaseException as e:  # never back into the accept loop
-                        print(f"sandbox hook serve: {e}", file=sys.stderr)
-                    finally:
-                        os._exit(code)
-                _children.add(child)
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+                        while os.read(wake[0], 256):
+                            pass
+                    except BlockingIOError:
+                        pass
+            now = time.monotonic()
+            while waiting and next(iter(waiting.values()))[1] <= now:  # (deadlines in order: one timeout)
+                fd, (conn, _) = next(iter(waiting.items()))
+                del waiting[fd]
+                poll.unregister(fd)
+                conn.close()
     except SandboxError as e:
         print(f"sandbox hook serve: {e}", file=sys.stderr)
         return 1
@@ -166,6 +197,65 @@ def serve(args, main) -> int:
                 os.unlink(path)
         except OSError:
             pass
+
+
+def _accept_all(listener) -> list:
+    """Every connection in the listen queue now (none may wait for the next poll)."""
+    conns: list = []
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return conns
+        except OSError:  # (ECONNABORTED, EMFILE ...: those accepted so far; the rest at the next poll)
+            return conns
+        conn.setblocking(True)
+        conns.append(conn)
+
+
+def _has_request(conn) -> bool:
+    """Whether a request waits on ``conn`` (not the EOF of a peer that left without one)."""
+    import socket
+
+    try:
+        return len(conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)) > 0
+    except OSError:
+        return False
+
+
+def _fork_child(conn, others: list, wake: tuple[int, int], main) -> None:
+    """A child for the request waiting on ``conn`` (trusted), or a decline where MAX_CHILDREN
+    are at work: never a wait here, slow clients holding every child must not stop the
+    others (the hook does its own work, serialized per container). ``others``: the listener
+    and the connections still waiting, closed in the child with the signal pipe ``wake``
+    (a copy held there would keep the EOF of its server child's death from its client)."""
+    import signal
+
+    if len(_children) >= MAX_CHILDREN:
+        _decline(conn, f"{MAX_CHILDREN} hooks are being served")
+        return
+    conn.settimeout(REQUEST_TIMEOUT)
+    # SIGCHLD held until the child is counted: reaped before it was added, its pid would
+    # stay in _children for good, and MAX_CHILDREN of those stop the server
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    child = os.fork()
+    if child == 0:
+        signal.set_wakeup_fd(-1)
+        for fd in wake:
+            os.close(fd)
+        for other in others:
+            other.close()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        code = 1
+        try:
+            code = _handle(conn, main)
+        except BaseException as e:  # never back into the accept loop
+            print(f"sandbox hook serve: {e}", file=sys.stderr)
+        finally:
+            os._exit(code)
+    _children.add(child)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
 
 
 def _activated():
@@ -189,7 +279,7 @@ def _listen(path: str):
 
     from mounts.errors import SandboxError
 
-    _root_only_dir(os.path.dirname(path), f"--server {path}", "another user could take the socket's place")
+    os.close(_root_only_dir(os.path.dirname(path), f"--server {path}", "another user could take the socket's place"))
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
         probe.connect(path)
@@ -214,14 +304,25 @@ def _listen(path: str):
     return listener
 
 
-def _root_only_dir(directory: str, what: str, why: str) -> None:
-    """``directory``, made if missing: it must be root's and writable by no one else."""
-    from mounts.errors import SandboxError
+def _root_only_dir(directory: str, what: str, why: str) -> int:
+    """``directory`` (an fd to close), made 0700 where missing: it and every directory and
+    link on the way from / root's and writable by no one else (mounts/trusted.py; what is
+    missing is made only below a directory that passes)."""
+    from mounts.trusted import open_root_only
 
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    st = os.lstat(directory)
-    if st.st_uid != 0 or st.st_mode & 0o022 or not os.path.isdir(directory) or os.path.islink(directory):
-        raise SandboxError(f"{what}: {directory} must be a directory of root's that no one else may write ({why})")
+    directory = os.path.abspath(directory)
+    there = directory
+    while not os.path.lexists(there):
+        there = os.path.dirname(there)
+    if there != directory:
+        os.close(open_root_only(there, what, why, leaf=False))
+        for name in directory[len(there):].strip("/").split("/"):
+            there = os.path.join(there, name)
+            try:
+                os.mkdir(there, 0o700)
+            except FileExistsError:
+                pass  # (made meanwhile: checked below like the rest)
+    return open_root_only(directory, what, why)
 
 
 def _filter_cache(path: str) -> None:
@@ -229,8 +330,9 @@ def _filter_cache(path: str) -> None:
     creates and execs our children serve; without it each compiles its filter. Each server
     has a directory of its own there, and removes the others' as it starts: what another
     server compiled (older code, an older libseccomp) is not ours, even from a child of
-    its still at work."""
+    its still at work. Its way from / is checked here and at each use (gofer/seccomp.py)."""
     import shutil
+    import stat
 
     from gofer import seccomp
     from mounts.errors import SandboxError
@@ -238,20 +340,20 @@ def _filter_cache(path: str) -> None:
     top = f"{path}.bpf"  # (this socket's own: a --server in a shared directory empties nobody else's)
     why = "a filter planted there would be a container's"
     try:
-        _root_only_dir(os.path.dirname(path), "seccomp filter cache", why)  # (a socket unit's: not checked yet)
-        _root_only_dir(top, "seccomp filter cache", why)
-        for name in os.listdir(top):
-            old = os.path.join(top, name)
-            if os.path.isdir(old) and not os.path.islink(old):
-                shutil.rmtree(old)
-            else:
-                os.unlink(old)
-        directory = os.path.join(top, str(os.getpid()))
-        os.mkdir(directory, 0o700)
+        fd = _root_only_dir(top, "seccomp filter cache", why)  # (the socket's directory too: a socket unit's)
+        try:
+            for name in os.listdir(fd):
+                if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    shutil.rmtree(name, dir_fd=fd)
+                else:
+                    os.unlink(name, dir_fd=fd)
+            os.mkdir(str(os.getpid()), 0o700, dir_fd=fd)
+        finally:
+            os.close(fd)
     except (OSError, SandboxError) as e:
         print(f"sandbox hook serve: no seccomp filter cache: {e}", file=sys.stderr, flush=True)
         return
-    seccomp.CACHE = directory
+    seccomp.CACHE = os.path.join(top, str(os.getpid()))
 
 
 _bound: dict[str, int] = {}  # socket path -> the inode we bound there
@@ -346,7 +448,11 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
         pid = unpack_cred(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
         frontend = CreateFrontend(conn, pid)
     else:
-        conn.sendall(b'{"running": true}')  # from here on the verb is ours: died, the launcher may not redo it
+        try:
+            conn.sendall(b'{"running": true}')  # from here on the verb is ours: died, the launcher may not redo it
+        except OSError as e:  # (a launcher that stopped waiting: it runs the verb itself)
+            os.write(log, f"sandbox serve: {verb}: the launcher stopped waiting: {e.strerror}\n".encode())
+            return 0
     try:
         code = main(argv, frontend)
     except SystemExit as e:  # argparse: an error (2) or --help (0)
@@ -411,26 +517,26 @@ def _run_hook(conn, request) -> int:
 
 
 def _decline(conn, why: str, read: bool = True) -> None:
-    """Tell the client to do the work itself (it then runs as if no server listened)."""
+    """Tell the client to do the work itself (it then runs as if no server listened). Never
+    waits: the accept loop calls it."""
+    import socket
+
     from sandbox.jsonlite import dumps
 
     try:
         os.write(2, f"sandbox serve: declined: {why}\n".encode())
     except OSError:
         pass
-
     if read:
         try:
-            # the request first (ours send it right after connect): closed with it unread, the
-            # socket would reset the connection before the client reads our answer (its fds,
-            # if any, are closed with the message)
-            conn.settimeout(DECLINE_WAIT)
-            conn.recv(MAX_REQUEST)
+            # the request, if it has come (ours send it right after connect): closed with it
+            # unread, the connection resets before the client reads our answer (its fds, if
+            # any, are closed with the message); a client that reads the reset declines alike
+            conn.recv(MAX_REQUEST, socket.MSG_DONTWAIT)
         except OSError:
             pass
     try:
-        conn.setblocking(False)  # never held up by a client that does not read
-        conn.send(dumps({"fallback": why}).encode())
+        conn.send(dumps({"fallback": why}).encode(), socket.MSG_DONTWAIT)  # (never held up by one that does not read)
     except OSError:
         pass
 

@@ -19,8 +19,11 @@
  * the command line, the cwd, the umask and the environment, and this process's stdin, stdout
  * and stderr as SCM_RIGHTS, so the server's forked child writes where the verb would, and
  * the exit code comes back. No Python starts here. Where the server is of no use (none
- * listens, it is not root's, it declines, a full queue for a second, an argument that is not
- * UTF-8) the verb runs here as before. `exec`, `create` and `run` go the same way after this
+ * listens, it is not root's, it declines, a full queue for a second, no answer in TAKE_UP_S,
+ * an argument that is not UTF-8) the verb runs here as before; once it has taken the verb up
+ * ({"running"}, exec's plan), its death is one line and exit 1, never a second run (the
+ * request, the engine's environment, is blanked before it is freed: the heap is what a
+ * served create's pid 1 starts with). `exec`, `create` and `run` go the same way after this
  * program has re-executed itself from a read-only view of itself: the server answers with a
  * plan that frontend.c carries out in this process tree (sandbox/exec_frontend.py,
  * sandbox/create_frontend.py).
@@ -103,7 +106,7 @@ static int send_request(int argc, char **argv) {
         || !utf8((unsigned char *)cwd, strlen(cwd)) || json_string(&req, cwd, strlen(cwd))
         || put(&req, ", \"umask\": ", 11) || put(&req, mask, strlen(mask)) || put(&req, ", \"env\": [", 10)
         || json_strings(&req, environ, n) || put(&req, "]}", 2)) {
-        drop(&req);
+        buf_free(&req);
         return -1;
     }
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -123,35 +126,67 @@ static int send_request(int argc, char **argv) {
         || getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.uid != 0
         || sendmsg(s, &msg, 0) != (ssize_t)req.n) {
         if (s >= 0) close(s);
-        drop(&req);
+        buf_free(&req);
         return -1;
     }
-    drop(&req);
+    buf_free(&req); /* (the engine's environment: blanked, not left in the heap pid 1 starts with) */
     return s;
 }
 
-/* The verb run by the warm server's child: its exit code, or -1 where the server is of no use. */
+static void set_deadline(int s, int seconds) {
+    struct timeval limit = {.tv_sec = seconds};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+}
+
+/* The server's first answer to the request ({"running"}: the verb taken up; {"fallback"};
+ * exec's plan; an error's {"code"}) into buf (cap bytes and a NUL), with its fds: its length,
+ * or -1 where none came (EOF or a reset: a server that stopped or declined us unread; nothing
+ * within TAKE_UP_S). At the deadline shutdown(SHUT_RD) settles a race with a server that
+ * answers just then: from it on, the server's sends fail (its child then gives up before the
+ * verb has any effect), and what it sent before is still there to read, with *late set: no
+ * more can come, so nothing taken up can then be waited for. */
+static ssize_t first_answer(int s, char *buf, size_t cap, int *fds, int *nfds, int *late) {
+    *late = 0;
+    set_deadline(s, TAKE_UP_S);
+    ssize_t r = recv_plan(s, buf, cap, fds, nfds, 0);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        shutdown(s, SHUT_RD);
+        *late = 1;
+        r = recv_plan(s, buf, cap, fds, nfds, MSG_DONTWAIT);
+    }
+    set_deadline(s, 0); /* (what follows the take-up may take as long as the verb does) */
+    return r > 0 ? r : -1;
+}
+
+/* The verb run by the warm server's child: its exit code, or -1 where the server is of no use
+ * (nothing has happened: the verb runs here). */
 static int served(int argc, char **argv) {
     int s = send_request(argc, argv);
     if (s < 0) return -1;
     char reply[4096];
-    ssize_t r;
-    int running = 0;
-    for (;;) { /* {"running"} once the server's child takes the verb up, then {"code"} */
-        do r = recv(s, reply, sizeof reply - 1, 0); while (r < 0 && errno == EINTR);
-        if (r <= 0 || running) break;
-        reply[r] = '\0';
-        if (!field(reply, "running")) break;
-        running = 1;
+    int fds[MAX_FDS], nfds = 0, late;
+    ssize_t r = first_answer(s, reply, sizeof reply - 1, fds, &nfds, &late);
+    for (int i = 0; i < nfds; i++) close(fds[i]); /* (none is sent with a verb's answer) */
+    if (r < 0 || field(reply, "fallback")) { /* never taken up: here */
+        close(s);
+        return -1;
     }
-    close(s);
-    if (r <= 0 && !running) return -1; /* never taken up (a server stopping, a failed socket unit): here */
-    if (r <= 0) {
-        fprintf(stderr, "sandbox: the server at %s died before it answered\n", server_path());
+    if (field(reply, "running") && late) {
+        close(s);
+        fprintf(stderr, "sandbox: the server at %s took the verb up only after %d s: its outcome is unknown\n",
+                server_path(), TAKE_UP_S);
         return 1;
     }
-    reply[r] = '\0';
-    if (field(reply, "fallback")) return -1; /* the server declined: the verb runs here */
+    if (field(reply, "running")) { /* then {"code"}, once the verb is done: no deadline */
+        do r = recv(s, reply, sizeof reply - 1, 0); while (r < 0 && errno == EINTR);
+        if (r <= 0) {
+            close(s);
+            fprintf(stderr, "sandbox: the server at %s died before it answered\n", server_path());
+            return 1;
+        }
+        reply[r] = '\0';
+    }
+    close(s);
     const char *code = field(reply, "code");
     char *end = NULL;
     long v = code ? strtol(code, &end, 10) : 0;
@@ -163,23 +198,51 @@ static int served(int argc, char **argv) {
 }
 
 /* exec, create or run, planned by the server and carried out here (frontend.c): its exit code,
- * or -1 where the server is of no use (nothing has happened yet: the verb runs in Python). */
+ * or -1 where the server is of no use (nothing has happened yet: the verb runs in Python).
+ * create and run are taken up ({"running"}) before the server's child claims the id: from
+ * then on the verb is never run again here, and the server's death is an error (issue #29:
+ * a worker killed mid-create had Python's create say "already exists"); exec's plan is its
+ * taking up (nothing happens before it is carried out here). */
 static int served_plan(int argc, char **argv, int at) {
+    const char *verb = argv[at];
     int s = send_request(argc, argv);
     if (s < 0) return -1;
     char *buf = malloc(MAX_REQUEST + 1);
-    int fds[MAX_FDS], nfds = 0;
-    ssize_t r = buf != NULL ? recv_plan(s, buf, fds, &nfds) : -1;
+    int fds[MAX_FDS], nfds = 0, late = 0, taken = 0;
+    ssize_t r = buf != NULL ? first_answer(s, buf, MAX_REQUEST, fds, &nfds, &late) : -1;
+    if (r > 0 && late && !field(buf, "code")) {
+        /* too late to be waited for: a plan is not carried out (the server's child sees our EOF
+         * before any report: nothing happened, the verb runs in Python); a create taken up
+         * fails at the server's next send and removes what it made */
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        if (field(buf, "running")) {
+            fprintf(stderr, "sandbox %s: the server took it up only after %d s: not run\n", verb, TAKE_UP_S);
+            close(s);
+            free(buf);
+            return 1;
+        }
+        r = -1;
+    }
     if (r < 0) {
         close(s);
         free(buf);
         return -1; /* never taken up, or a plan too big for us: the verb in Python */
     }
+    if (strncmp(buf, "plan", 4) && strncmp(buf, "clone", 5) && field(buf, "running")) {
+        taken = 1;
+        r = recv_plan(s, buf, MAX_REQUEST, fds, &nfds, 0); /* no deadline: the id, cgroups (systemd's) first */
+        if (r <= 0) {
+            fprintf(stderr, "sandbox %s: the server died before it answered\n", verb);
+            close(s);
+            free(buf);
+            return 1;
+        }
+    }
     if (strncmp(buf, "plan", 4) == 0) return frontend_exec(s, buf, (size_t)r, fds, nfds, argv);
     if (strncmp(buf, "clone", 5) == 0) return frontend_create(s, buf, (size_t)r, fds, nfds, argv, at);
     for (int i = 0; i < nfds; i++) close(fds[i]);
     close(s); /* {"fallback"}, or {"code"}: the error already printed */
-    int code = field(buf, "fallback") ? -1 : (field(buf, "code") ? atoi(field(buf, "code")) & 0xff : 1);
+    int code = field(buf, "fallback") && !taken ? -1 : (field(buf, "code") ? atoi(field(buf, "code")) & 0xff : 1);
     free(buf);
     return code;
 }

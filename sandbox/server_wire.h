@@ -9,28 +9,31 @@
 
 #define MAX_REQUEST (1 << 20) /* server_client.MAX_REQUEST */
 #define DEFAULT_SOCKET "/run/gpu-sandbox/hook.sock"
+/* s the launcher waits for the server's first answer ({"running"}, a plan, {"fallback"}),
+ * which its child sends at once (a create's once the bundle is read): past it, the verb runs
+ * in the launcher's Python (a server stopped, or stalled) */
+#define TAKE_UP_S 5
+/* s exec's launcher waits for the answer to its report (the server writes the pid file) */
+#define REPORT_ANSWER_S 30
 
 struct buf { char *p; size_t n, cap; };
 
-/* The buffer zeroed and freed: it may hold the caller's environment (an engine's secrets),
- * and a freed block keeps its bytes in a heap that pid 1 inherits (frontend.c). */
-static inline void drop(struct buf *b) {
-    if (b->p) explicit_bzero(b->p, b->n);
-    free(b->p);
-    b->p = NULL, b->n = b->cap = 0;
-}
-
+/* Grown by a copy, the old block blanked before it is freed (never realloc): a request holds
+ * the caller's environment, and the launcher's heap is what the container's pid 1 and
+ * exec's process start with (issue #29). */
 static inline int put_max(struct buf *b, const char *s, size_t n, size_t max) {
     if (n > max || b->n > max - n) return -1;
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
         while (cap < b->n + n) cap *= 2;
-        char *p = malloc(cap); /* (not realloc: the old block, freed, would keep a copy) */
+        char *p = malloc(cap);
         if (!p) return -1;
-        size_t used = b->n;
-        if (b->p) memcpy(p, b->p, used);
-        drop(b);
-        b->p = p, b->n = used, b->cap = cap;
+        if (b->p) {
+            memcpy(p, b->p, b->n);
+            explicit_bzero(b->p, b->cap);
+            free(b->p);
+        }
+        b->p = p, b->cap = cap;
     }
     memcpy(b->p + b->n, s, n);
     b->n += n;
@@ -38,6 +41,13 @@ static inline int put_max(struct buf *b, const char *s, size_t n, size_t max) {
 }
 
 static inline int put(struct buf *b, const char *s, size_t n) { return put_max(b, s, n, MAX_REQUEST); }
+
+/* The buffer blanked and freed (see put_max). */
+static inline void buf_free(struct buf *b) {
+    if (b->p) explicit_bzero(b->p, b->cap);
+    free(b->p);
+    b->p = NULL, b->n = b->cap = 0;
+}
 
 /* UTF-8 as Python's strict decoder takes it (the server decodes the request so), no NUL:
  * no overlong forms, no surrogates, nothing past U+10FFFF. */

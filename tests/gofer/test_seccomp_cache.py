@@ -4,6 +4,7 @@ is ever used."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -97,3 +98,25 @@ def test_a_file_anyone_else_could_have_written_is_not_used(cache):
         (cache / key).chmod(0o600)
         os.chown(cache / key, 1, 1)  # (another user's)
         assert seccomp.export(PROFILE) == first
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a directory of another user's)")
+def test_a_cache_below_another_users_directory_is_not_used(cache, monkeypatch):
+    """Filters of our own writing, whole, root's alone, one name, but in a directory whose way
+    from / has one of another user's on it: they could have swapped two of ours by renaming
+    (issue #29: the red team made a served container's mkdir-denying filter an allowing one).
+    Neither read nor written."""
+    theirs = cache / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    own = theirs / "srv.sock.bpf"
+    own.mkdir(mode=0o700)
+    monkeypatch.setattr(seccomp, "CACHE", str(own))
+    planted = _compiled(msgspec.structs.replace(PROFILE, default_errno_ret=13))
+    key = hashlib.sha256(msgspec.json.encode(PROFILE)).hexdigest()
+    (own / key).write_bytes(planted)
+    (own / key).chmod(0o600)
+    assert seccomp.export(PROFILE) == _compiled(PROFILE) != planted
+    assert os.listdir(own) == [key]  # (and nothing of ours written there)
+    os.chown(theirs, 0, 0)
+    assert seccomp.export(PROFILE) == planted  # (the same files, under a way of root's alone: used)
