@@ -166,8 +166,8 @@ class StateDir:
         """Claim the id: the directory is made under a private name with its state.json (and
         exec.fifo) inside, then renamed into place; rename(2) onto a directory that is not
         empty fails, so of two creates of one id exactly one wins, and a directory under the
-        id always has its state. A foreground run whose init is gone is replaced; anything
-        else is "already exists", as runc says."""
+        id always has its state. A foreground run whose init is gone is replaced (the cgroups
+        it made removed with it); anything else is "already exists", as runc says."""
         root = self._root_fd(create=True)
         assert root is not None
         tmp = f".{self.id}.{os.urandom(8).hex()}.tmp"
@@ -192,6 +192,12 @@ class StateDir:
                     old = self._read()
                     if old is None or not (old.foreground and old.status == "stopped"):
                         raise SandboxError(f"container {self.id!r} already exists ({self.dir})")
+                    from sandbox.delete_cmd import remove_cgroups
+
+                    try:  # (its cgroups go with it, as delete removes them: else nothing would)
+                        remove_cgroups(old)
+                    except (OSError, SandboxError):
+                        pass
                     self.remove()
                 raise SandboxError(f"container {self.id!r} already exists ({self.dir})")
             except BaseException:

@@ -107,3 +107,28 @@ def test_an_init_killed_during_create_is_named(make_bundle, driver_root, tmp_pat
                         f"k{n}"], capture_output=True)
     assert not any("gofer exited with status 0" in s for s in said), said
     assert any("the container's init was killed by signal 9 before it was ready" in s for s in said), said
+
+
+def test_a_stopped_runs_state_replaced_takes_its_cgroups_along(make_bundle, tmp_path):
+    """A foreground run whose init died with its supervisor (a server's worker killed, say)
+    leaves its state: the next run of the id replaces it, and the cgroups it recorded go
+    too (they used to stay, with no state left to delete them by)."""
+    from sandbox.state import State, StateDir
+
+    old = f"/sys/fs/cgroup/pids/sandbox-stale-{os.getpid()}"
+    os.mkdir(old)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)  # (a pid no process has: the old run is stopped)
+        root = tmp_path / "state"
+        StateDir(str(root), "stale1").create(State("stale1", pid, str(tmp_path), foreground=True, start_time=1,
+                                                  cgroup=[old], cgroup_created=[old]))
+        r = rt(tmp_path, "run", "--id", "stale1", str(make_bundle(["true"])))
+        assert r.returncode == 0, r.stderr
+        assert not os.path.exists(old)
+        assert not (root / "stale1").exists()
+    finally:
+        if os.path.exists(old):
+            os.rmdir(old)
