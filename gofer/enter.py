@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import socket
 
+import msgspec
 import prctl
 
 from gofer import process
@@ -98,7 +99,8 @@ def spawn(init: int, proc: Process, console: socket.socket | None = None, preser
     child = os.fork()
     if child == 0:
         os.close(r)
-        _child(fds, proc, console, preserve_fds, w, seccomp, cgroups, personality, init)  # never returns
+        _fresh_child(ChildStart(fds, proc, console.fileno() if console is not None else None, preserve_fds, w,
+                                seccomp, list(cgroups), personality, init))  # never returns
     os.close(w)
     for fd, _, _ in fds:
         os.close(fd)
@@ -117,6 +119,50 @@ def spawn(init: int, proc: Process, console: socket.socket | None = None, preser
         raise error
     assert pid is not None
     return pid
+
+
+class ChildStart(msgspec.Struct, frozen=True):
+    """What C is told, as it becomes a fresh interpreter (gofer/fresh.py): the fds by number."""
+
+    namespaces: list[tuple[int, int, str]]  # (fd, CLONE_NEW*, name)
+    proc: Process
+    console: int | None
+    preserve_fds: int
+    report: int
+    seccomp: Seccomp | None
+    cgroups: list[str]
+    personality: Personality | None
+    init: int
+
+
+def _fresh_child(start: ChildStart) -> None:
+    """C, forked from `sandbox exec` (which holds its caller's command line, parsed): a fresh
+    interpreter first, so that nothing of it is in G's memory while G sits in the container's
+    pid namespace, where a ptracer could read it. Its start in a sealed memfd. Never returns."""
+    from gofer.fresh import exec_fresh
+
+    try:
+        memfd = os.memfd_create("sandbox-exec", os.MFD_CLOEXEC)
+        os.write(memfd, msgspec.msgpack.encode(start))
+        fds = (memfd, start.report, *(fd for fd, _, _ in start.namespaces),
+               *((start.console,) if start.console is not None else ()))
+        exec_fresh(f"from gofer.enter import child_main; child_main({memfd})", fds)
+    finally:
+        os._exit(1)
+
+
+def child_main(memfd: int) -> None:
+    """C in its fresh interpreter: read what it was told, then on as before. Never returns."""
+    data = os.pread(memfd, 1 << 26, 0)
+    os.close(memfd)
+    start = msgspec.msgpack.decode(data, type=ChildStart)
+    for fd in (start.report, *(fd for fd, _, _ in start.namespaces)):
+        os.set_inheritable(fd, False)
+    console = socket.socket(fileno=start.console) if start.console is not None else None
+    if console is not None:
+        console.set_inheritable(False)
+    _child(start.namespaces, start.proc, console, start.preserve_fds, start.report, start.seccomp, start.cgroups,
+           start.personality, start.init)
 
 
 def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Seccomp | None,

@@ -406,6 +406,14 @@ def _host_pid() -> int:
     return os.getpid()
 
 
+def serve_fd(fd: int, t_spawn: int, parent: int) -> None:
+    """serve() in a fresh interpreter (gofer/fresh.py: sandbox/fork.py's child), its end of
+    the socketpair inherited as ``fd``: never returns."""
+    sock = socket.socket(fileno=fd)
+    sock.set_inheritable(False)
+    serve(sock, t_spawn, parent)
+
+
 def serve(sock: socket.socket, t_spawn: int, parent: int) -> None:
     """Entry point in the forked child of ``parent`` (the supervisor): never returns."""
     code = 1

@@ -16,7 +16,7 @@ def main(args, gofer: Gofer | None = None) -> int:
     frontend = getattr(args, "frontend", None)  # the warm server's: the launcher forks (sandbox/create_frontend.py)
     if frontend is not None:
         frontend.check(args)  # (a Decline: the launcher runs create in Python, nothing done)
-    gofer = gofer or spawn_gofer()
+    gofer = gofer or spawn_gofer(fresh=frontend is None)
     spans = Spans(True, os.getpid())  # kept only if a trace is asked for (flag or annotation)
     spans.add("imports + argv", gofer.t0)
     started = launch(options(args, detached=True, foreground=False), gofer, spans,

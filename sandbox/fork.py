@@ -24,17 +24,25 @@ class Gofer(tuple):
     warm = property(lambda self: self[3])
 
 
-def spawn_gofer() -> Gofer:
-    """Fork the gofer; in the child this never returns."""
+def spawn_gofer(fresh: bool = True) -> Gofer:
+    """Fork the gofer; in the child this never returns. ``fresh``: the child execs a new
+    interpreter first (gofer/fresh.py), for a gofer that may become the container's pid 1;
+    the warm server's (whose pid 1 is the launcher's child) runs on warm."""
     t0 = time.monotonic_ns()
     ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     me = os.getpid()
     pid = os.fork()
     if pid == 0:
         ours.close()
-        from gofer.main import serve
+        if not fresh:
+            from gofer.main import serve
 
-        serve(theirs, t0, me)  # type: ignore[arg-type]  # never returns; a _socket.socket (socket.socket's base) has all serve uses
+            serve(theirs, t0, me)  # type: ignore[arg-type]  # never returns; a _socket.socket (socket.socket's base) has all serve uses
+        from gofer.fresh import exec_fresh
+
+        # a fresh interpreter: the container's pid 1 may be this process, and must not hold
+        # our caller's command line or environment (copies a ptracer in there could read)
+        exec_fresh(f"from gofer.main import serve_fd; serve_fd({theirs.fileno()}, {t0}, {me})", (theirs.fileno(),))
     theirs.close()
     return Gofer((pid, ours, t0, warm_cgroup_lock()))
 

@@ -27,7 +27,7 @@ def main(args, gofer: Gofer | None = None) -> int:
     frontend = getattr(args, "frontend", None)  # the warm server's: the launcher forks (sandbox/create_frontend.py)
     if frontend is not None:
         frontend.check(args)  # (a Decline: the launcher runs the verb in Python, nothing done)
-    pid, _sock, t0, _warm = gofer = gofer or spawn_gofer()
+    pid, _sock, t0, _warm = gofer = gofer or spawn_gofer(fresh=frontend is None)
     if frontend is None:
         forward_signals(pid)  # until the event loop, if any, takes over
     if args.trace and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):

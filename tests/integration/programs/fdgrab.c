@@ -34,11 +34,15 @@ static double now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+static FILE *out_file;
+static void scan_memory(FILE *out, int pid);
+
 static void track(int pid) {
     if (pid == getpid() || ntracked == TRACKED) return;
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     if (pidfd < 0) return;
     tracked[ntracked].pid = pid, tracked[ntracked].pidfd = pidfd, tracked[ntracked++].until = now() + 2;
+    scan_memory(out_file, pid); /* (at once: a process of the runtime's is about to exec) */
 }
 
 static void sweep(FILE *out, int i) {
@@ -54,8 +58,9 @@ static void sweep(FILE *out, int i) {
                 if (seen[k] == key) fresh = 0;
             if (fresh && nseen < SEEN_MAX) {
                 seen[nseen++] = key;
-                fprintf(out, "%d %d %llu %llu\n", tracked[i].pid, fd, (unsigned long long)st.st_dev,
-                        (unsigned long long)st.st_ino);
+                char type = S_ISDIR(st.st_mode) ? 'd' : S_ISREG(st.st_mode) ? 'f' : S_ISSOCK(st.st_mode) ? 's' : 'o';
+                fprintf(out, "%d %d %llu %llu %c\n", tracked[i].pid, fd, (unsigned long long)st.st_dev,
+                        (unsigned long long)st.st_ino, type);
                 fflush(out);
             }
         }
@@ -82,6 +87,40 @@ static void look_for_marker(FILE *out, int pid, const char *what) {
     }
 }
 
+/* MARKER (as bytes, and as the UCS-4 of an interpreter's wide strings) anywhere in pid's
+ * writable memory: read through /proc/PID/mem, as CAP_SYS_PTRACE allows. */
+static void scan_memory(FILE *out, int pid) {
+    static char chunk[1 << 20];
+    char path[64], line[512], wide[1024];
+    size_t n = strlen(marker), wn = 0;
+    for (size_t i = 0; i < n && wn + 4 <= sizeof wide; i++) {
+        wide[wn++] = marker[i];
+        wide[wn++] = 0, wide[wn++] = 0, wide[wn++] = 0;
+    }
+    snprintf(path, sizeof path, "/proc/%d/maps", pid);
+    FILE *maps = fopen(path, "r");
+    snprintf(path, sizeof path, "/proc/%d/mem", pid);
+    int mem = open(path, O_RDONLY | O_CLOEXEC);
+    int found = 0;
+    while (maps && mem >= 0 && !found && fgets(line, sizeof line, maps)) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3 || perms[0] != 'r' || perms[1] != 'w') continue;
+        for (unsigned long at = lo; at < hi && !found; at += sizeof chunk - wn) {
+            size_t want = hi - at < sizeof chunk ? hi - at : sizeof chunk;
+            ssize_t got = pread(mem, chunk, want, (off_t)at);
+            if (got <= 0) break;
+            found = memmem(chunk, (size_t)got, marker, n) || memmem(chunk, (size_t)got, wide, wn);
+        }
+    }
+    if (maps) fclose(maps);
+    if (mem >= 0) close(mem);
+    if (found) {
+        fprintf(out, "%d memory %s\n", pid, marker);
+        fflush(out);
+    }
+}
+
 static int last_pid(void) {
     char buf[32];
     int fd = open("/proc/sys/kernel/ns_last_pid", O_RDONLY | O_CLOEXEC);
@@ -95,7 +134,7 @@ static int last_pid(void) {
 int main(int argc, char **argv) {
     if (argc != 5) return 2;
     marker = argv[4];
-    FILE *out = fopen(argv[1], "w");
+    FILE *out = out_file = fopen(argv[1], "w");
     if (out == NULL) return 1;
     track(1);
     int last = last_pid();
