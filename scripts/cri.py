@@ -37,6 +37,7 @@ tests/integration/test_cri.py and scripts/bench/cri.py.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -219,17 +220,34 @@ def _blob(blobs: dict[str, bytes], data: bytes) -> dict:
     return {"digest": digest, "size": len(data)}
 
 
-def oci_archive(out: Path, name: str, files: dict[str, tuple[int, bytes | None]], config: dict) -> Path:
+@dataclasses.dataclass(frozen=True)
+class HardLink:
+    """An image file that is a hard link of another (``target``: its path in the layer)."""
+
+    target: str
+
+
+ImageFiles = dict[str, tuple[int, "bytes | str | HardLink | None"]]
+
+
+def oci_archive(out: Path, name: str, files: ImageFiles, config: dict) -> Path:
     """An OCI image layout tar (oci-layout, index.json, blobs/sha256/...) of one uncompressed
-    layer holding ``files`` (path -> (mode, content), None for a directory), named ``name``
-    for ``ctr images import``."""
+    layer holding ``files`` (path -> (mode, content), None for a directory, a str for a
+    symbolic link to it, a HardLink), owned by root, named ``name`` for ``ctr images import``."""
     layer = io.BytesIO()
     with tarfile.open(fileobj=layer, mode="w", format=tarfile.PAX_FORMAT) as t:
-        for path, (mode, content) in sorted(files.items()):
+        # (hard links last: each after the file it links to)
+        for path, (mode, content) in sorted(files.items(), key=lambda f: (isinstance(f[1][1], HardLink), f[0])):
             info = tarfile.TarInfo(path)
             info.mode, info.mtime = mode, 0
             if content is None:
                 info.type = tarfile.DIRTYPE
+                t.addfile(info)
+            elif isinstance(content, str):
+                info.type, info.linkname = tarfile.SYMTYPE, content
+                t.addfile(info)
+            elif isinstance(content, HardLink):
+                info.type, info.linkname = tarfile.LNKTYPE, content.target
                 t.addfile(info)
             else:
                 info.size = len(content)
@@ -282,7 +300,7 @@ def pause_image(mount_points: bool = False) -> Path:
     out = CACHE / f"cri-pause{'-dirs' if mount_points else ''}-v{IMAGE_REV}.tar"
     if out.exists():
         return out
-    files: dict[str, tuple[int, bytes | None]] = {"pause": (0o755, pause_binary().read_bytes())}
+    files: ImageFiles = {"pause": (0o755, pause_binary().read_bytes())}
     if mount_points:
         files.update({d: (0o755, None) for d in ("proc", "dev", "sys")})
     return oci_archive(out, PAUSE_DIRS_IMAGE if mount_points else PAUSE_IMAGE, files,
@@ -621,9 +639,10 @@ class CRI:
         except grpc.RpcError as e:
             raise CRIError(f"{method}: {e.code().name}: {e.details()}") from None
 
-    def run_pod(self, name: str, handler: str, pid: str = "CONTAINER") -> Pod:
+    def run_pod(self, name: str, handler: str, pid: str = "CONTAINER", network: str = "NODE") -> Pod:
         """RunPodSandbox of a host-network pod (``pid`` CONTAINER, or POD for
-        shareProcessNamespace), in a cgroup made first, as kubelet's."""
+        shareProcessNamespace; ``network`` POD: a network namespace of its own, made by the
+        CNI stand-in, with ``pod_network``), in a cgroup made first, as kubelet's."""
         a = self.api
         uid = str(uuid.uuid4())
         if self.systemd:  # kubelet's systemd name of a BestEffort pod's cgroup (its uid's dashes escaped)
@@ -633,7 +652,7 @@ class CRI:
             self._make_cgroup(cgroup)
         logdir = self.base / "pods" / f"default_{name}_{uid}"
         logdir.mkdir(parents=True)
-        ns = a.NamespaceOption(network=a.NODE, pid=getattr(a, pid), ipc=a.POD)
+        ns = a.NamespaceOption(network=getattr(a, network), pid=getattr(a, pid), ipc=a.POD)
         config = a.PodSandboxConfig(
             metadata=a.PodSandboxMetadata(name=name, uid=uid, namespace="default", attempt=0),
             log_directory=str(logdir),
@@ -768,7 +787,7 @@ class CRI:
                        for line in path.read_text().splitlines() if line.count(" ") >= 3)
 
 
-if __name__ == "__main__":  # set-up time: the stubs (--stubs), else the stubs and the images too
-    print(stubs())
+if __name__ == "__main__":  # set-up time: the stubs and containerd 1.7 (--stubs), else the images too
+    print(stubs(), containerd_17(), sep="\n")
     if sys.argv[1:] != ["--stubs"]:
         print(pause_image(), pause_image(True), app_image(), sep="\n")

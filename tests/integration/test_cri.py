@@ -62,7 +62,7 @@ def cri(request, tmp_path_factory, driver_root):
         cdi_dirs = [base / "cdi"]
     before = mount_table()
     c = cri_mod.CRI(base, driver_root, pause_with_mount_points=os.environ.get("CRI_PAUSE_DIRS") == "1",
-                    containerd=version, cdi_spec_dirs=cdi_dirs)
+                    containerd=version, cdi_spec_dirs=cdi_dirs, pod_network=True)
     try:
         c.start()
         yield c
@@ -104,10 +104,10 @@ def pods(cri, fail):
     """pods(name, handler, pid=...) -> a Pod, torn down as kubelet does at the end."""
     made = []
 
-    def make(name: str, handler: str, pid: str = "CONTAINER"):
+    def make(name: str, handler: str, pid: str = "CONTAINER", network: str = "NODE"):
         err = None
         try:
-            pod = cri.run_pod(name, handler, pid=pid)
+            pod = cri.run_pod(name, handler, pid=pid, network=network)
         except cri_mod.CRIError as e:
             err = e
         if err is not None:
@@ -269,6 +269,24 @@ def test_remove_leaves_nothing(cri, pods, fail, handler):
         assert not d.is_dir() or [p for p in d.rglob("*") if p.is_dir()] == [], f"{d} has cgroups left"
     cri.remove_pod_cgroup(pod)
     assert [d for d in cri.pod_cgroup_dirs(pod) if d.exists()] == []
+
+
+@pytest.mark.parametrize("handler", HANDLERS)
+def test_pod_with_a_network_namespace_of_its_own(cri, pods, fail, handler):
+    """kubelet's default pod: a network namespace of its own, eth0 made in it by the CNI
+    (cri.STANDIN_CNI). The container joins that namespace, not the host's, and its sysfs is
+    that namespace's: it sees eth0 with the address PodSandboxStatus reports."""
+    pod = pods("podnet", handler, network="POD")
+    ip = cri.pod_status(pod).status.network.ip
+    assert ip.startswith("10.88."), ip
+    cid = _run(cri, fail, pod, "podnet", ["sh", "-c", "readlink /proc/self/ns/net; ls /sys/class/net; "
+                                                      "cat /proc/net/fib_trie"])
+    st = cri.wait_exited(cid)
+    out = cri.container_log(pod, "podnet")
+    assert (st.state, st.exit_code) == (cri.api.CONTAINER_EXITED, 0), (st, out, fail.text("", cid))
+    netns, *rest = out.split()
+    assert netns.startswith("net:[") and netns != os.readlink("/proc/self/ns/net"), out
+    assert {"eth0", "lo"} <= set(rest) and ip in rest, out
 
 
 # GPU 1 of the fixture driver: its nodes, by-path links and UUID (proc/driver/nvidia/gpus)
