@@ -12,9 +12,18 @@ tests/integration/test_cri.py and scripts/bench/cri.py.
   from a few lines of C), as registry.k8s.io/pause is; ``app_image()`` is the Debian fixture
   rootfs (fixtures.image_archive). Both are imported with ``ctr images import``: nothing is
   ever pulled (the CRI plugin's sandbox_image is our pause image).
+- ``containerd_bin(version)``: the containerd to run, "1.6" (Debian bookworm's, installed by
+  scripts/setup) or "1.7" (trixie's ``containerd`` package, 1.7.24, fetched like the CRI API
+  above and unpacked with ``dpkg -x`` into ``.cache/``, never installed: its binaries need
+  glibc 2.34, bookworm has 2.36). Its shim is the one found first on containerd's PATH: ours.
 - ``CRI``: containerd with its own config.toml, root, state and sockets under a directory of
   ours, the cgroupfs driver (SystemdCgroup = false), host-network pods (no CNI), pod cgroups
   made and removed as kubelet's cgroupfs manager makes them, under a cgroup parent of ours.
+  ``CRI(..., containerd="1.7", cdi_spec_dirs=[...])``: 1.7 with its own CDI injection
+  (``enable_cdi``), from those directories. ``CRI(..., pod_network=True)``: pods may have a
+  network namespace of their own (critest's), made by a CNI stand-in of ours
+  (``STANDIN_CNI``: a veth pair whose both ends are in the pod's namespace, eth0 with an
+  address; nothing on the host), the namespaces pinned under containerd's state.
   ``CRI(..., systemd=True)``: the systemd driver instead (SystemdCgroup = true for both
   handlers, so the shim runs them with --systemd-cgroup), for a host whose systemd is a
   private one (scripts/systemd-host): the pods' cgroup_parent is a slice name as kubelet's
@@ -28,6 +37,7 @@ tests/integration/test_cri.py and scripts/bench/cri.py.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -51,11 +61,14 @@ REPO = fixtures.REPO
 CACHE = fixtures.CACHE
 SANDBOX = str(REPO / ".venv/bin/sandbox")
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
+CNI_LOOPBACK = "/usr/lib/cni/loopback"  # Debian's containernetworking-plugins (scripts/setup)
 NAMESPACE = "k8s.io"  # the containerd namespace the CRI plugin keeps its images and containers in
 PAUSE_IMAGE = "localhost/cri-pause:1"
 APP_IMAGE = fixtures.IMAGE
 HANDLERS = ("runc", "sandbox")
 STUBS_REV = 1
+CONTAINERD_REV = 1
+CONTAINERDS = ("1.6", "1.7")
 CRI_DEBS = ["golang-github-kubernetes-cri-api-dev", "golang-github-gogo-protobuf-dev"]
 CRI_SUITE = "trixie"
 GOCODE = "usr/share/gocode/src"
@@ -117,6 +130,62 @@ def load_api():
     return api_pb2, api_pb2_grpc
 
 
+# --- containerd ------------------------------------------------------------------------
+
+
+def containerd_17() -> Path:
+    """trixie's containerd package (1.7) unpacked: ``<dir>/usr/bin/{containerd,ctr,containerd-shim-runc-v2}``."""
+    root = CACHE / f"containerd-1.7-v{CONTAINERD_REV}"
+    if fixtures._done(root):
+        return root
+    tmp = fixtures._fresh(root)
+    debs = tmp / "debs"
+    debs.mkdir()
+    opts = fixtures.apt_options(CRI_SUITE)
+    fixtures.run("apt-get", *opts, "update")
+    fixtures.run("apt-get", *opts, "download", "containerd", cwd=debs)
+    deb, = debs.glob("containerd_*.deb")
+    fixtures.run("dpkg", "-x", deb, tmp)
+    shutil.rmtree(debs)
+    version = subprocess.run([tmp / "usr/bin/containerd", "--version"], capture_output=True, text=True)
+    if version.returncode != 0 or " 1.7." not in version.stdout:
+        raise RuntimeError(f"{deb.name}: containerd --version: {version.stdout}{version.stderr}")
+    return fixtures._finish(tmp, root)
+
+
+def containerd_bin(version: str) -> Path:
+    """The directory of containerd ``version``'s binaries (containerd, ctr, the runc shim)."""
+    if version == "1.6":
+        found = shutil.which("containerd")
+        if found is None:
+            raise FileNotFoundError("containerd is not installed (scripts/setup installs Debian's 1.6)")
+        return Path(found).parent
+    if version == "1.7":
+        return containerd_17() / "usr/bin"
+    raise ValueError(f"containerd {version!r}: one of {CONTAINERDS}")
+
+
+# A CNI plugin of ours for pods with a network namespace of their own: loopback up and a veth
+# pair whose both ends stay in the pod's namespace, eth0 holding an address made from the
+# container id. Nothing is made on the host; the pod reaches no one (a pod IP that the host
+# can reach would need a bridge or routes on the host).
+STANDIN_CNI = r"""#!/bin/sh
+case "$CNI_COMMAND" in
+VERSION) echo '{"cniVersion":"0.4.0","supportedVersions":["0.3.0","0.3.1","0.4.0"]}'; exit 0;;
+DEL|CHECK) exit 0;;
+ADD) ;;
+*) echo '{"code":4,"msg":"unknown CNI_COMMAND"}'; exit 1;;
+esac
+id=$(printf %s "$CNI_CONTAINERID" | tr -dc 0-9a-f)
+ip=10.88.$(( 0x$(printf %s "$id" | cut -c1-2) )).$(( 0x$(printf %s "$id" | cut -c3-4) % 253 + 1 ))
+nsenter --net="$CNI_NETNS" sh -c "ip link add $CNI_IFNAME type veth peer name peer0 &&
+  ip addr add $ip/16 dev $CNI_IFNAME && ip link set peer0 up && ip link set $CNI_IFNAME up" >&2 ||
+  { echo '{"code":11,"msg":"standin: could not make the interface"}'; exit 1; }
+printf '{"cniVersion":"0.4.0","interfaces":[{"name":"%s","sandbox":"%s"}],"ips":[{"version":"4","address":"%s/16","interface":0}],"dns":{}}\n' \
+  "$CNI_IFNAME" "$CNI_NETNS" "$ip"
+"""
+
+
 # --- images ------------------------------------------------------------------------------
 
 PAUSE_C = r"""
@@ -151,17 +220,34 @@ def _blob(blobs: dict[str, bytes], data: bytes) -> dict:
     return {"digest": digest, "size": len(data)}
 
 
-def oci_archive(out: Path, name: str, files: dict[str, tuple[int, bytes | None]], config: dict) -> Path:
+@dataclasses.dataclass(frozen=True)
+class HardLink:
+    """An image file that is a hard link of another (``target``: its path in the layer)."""
+
+    target: str
+
+
+ImageFiles = dict[str, tuple[int, "bytes | str | HardLink | None"]]
+
+
+def oci_archive(out: Path, name: str, files: ImageFiles, config: dict) -> Path:
     """An OCI image layout tar (oci-layout, index.json, blobs/sha256/...) of one uncompressed
-    layer holding ``files`` (path -> (mode, content), None for a directory), named ``name``
-    for ``ctr images import``."""
+    layer holding ``files`` (path -> (mode, content), None for a directory, a str for a
+    symbolic link to it, a HardLink), owned by root, named ``name`` for ``ctr images import``."""
     layer = io.BytesIO()
     with tarfile.open(fileobj=layer, mode="w", format=tarfile.PAX_FORMAT) as t:
-        for path, (mode, content) in sorted(files.items()):
+        # (hard links last: each after the file it links to)
+        for path, (mode, content) in sorted(files.items(), key=lambda f: (isinstance(f[1][1], HardLink), f[0])):
             info = tarfile.TarInfo(path)
             info.mode, info.mtime = mode, 0
             if content is None:
                 info.type = tarfile.DIRTYPE
+                t.addfile(info)
+            elif isinstance(content, str):
+                info.type, info.linkname = tarfile.SYMTYPE, content
+                t.addfile(info)
+            elif isinstance(content, HardLink):
+                info.type, info.linkname = tarfile.LNKTYPE, content.target
                 t.addfile(info)
             else:
                 info.size = len(content)
@@ -214,7 +300,7 @@ def pause_image(mount_points: bool = False) -> Path:
     out = CACHE / f"cri-pause{'-dirs' if mount_points else ''}-v{IMAGE_REV}.tar"
     if out.exists():
         return out
-    files: dict[str, tuple[int, bytes | None]] = {"pause": (0o755, pause_binary().read_bytes())}
+    files: ImageFiles = {"pause": (0o755, pause_binary().read_bytes())}
     if mount_points:
         files.update({d: (0o755, None) for d in ("proc", "dev", "sys")})
     return oci_archive(out, PAUSE_DIRS_IMAGE if mount_points else PAUSE_IMAGE, files,
@@ -298,8 +384,15 @@ class CRI:
     """containerd with its CRI plugin, private to ``base``; two runtime handlers (HANDLERS)."""
 
     def __init__(self, base: Path, driver_root: Path, trace: bool = True, pause_with_mount_points: bool = False,
-                 systemd: bool = False):
+                 systemd: bool = False, containerd: str = "1.6", cdi_spec_dirs: list[Path] | None = None,
+                 pod_network: bool = False):
         self.edit_config = None  # a last change to config.toml before containerd reads it (path -> None)
+        self.containerd = containerd  # "1.6" or "1.7" (CONTAINERDS)
+        self.bin = containerd_bin(containerd)
+        if cdi_spec_dirs is not None and containerd == "1.6":
+            raise ValueError("containerd 1.6's CRI has no CDI injection (enable_cdi came with 1.7)")
+        self.cdi_spec_dirs = cdi_spec_dirs  # containerd's own CDI injection, from these directories
+        self.pod_network = pod_network  # pods with a network namespace of their own (STANDIN_CNI)
         self.base = Path(base)
         self.driver_root = Path(driver_root)
         self.trace = trace  # the sandbox wrapper keeps each failing call's argv and log
@@ -365,6 +458,20 @@ class CRI:
             runtimes += (f'[{cri}.containerd.runtimes.{name}]\n  runtime_type = "io.containerd.runc.v2"\n'
                          f'[{cri}.containerd.runtimes.{name}.options]\n  BinaryName = "{binary}"\n'
                          f'  Root = "{b}/{name}-root"\n  SystemdCgroup = {str(self.systemd).lower()}\n')
+        extra = ""
+        if self.cdi_spec_dirs is not None:
+            extra += f'  enable_cdi = true\n  cdi_spec_dirs = {json.dumps([str(d) for d in self.cdi_spec_dirs])}\n'
+        if self.pod_network:  # the pods' network namespaces pinned under our state, not /var/run/netns
+            extra += '  netns_mounts_under_state_dir = true\n'
+            (b / "cni/bin").mkdir(parents=True, exist_ok=True)
+            (b / "cni/net.d").mkdir(parents=True, exist_ok=True)
+            (b / "cni/bin/standin").write_text(STANDIN_CNI)
+            (b / "cni/bin/standin").chmod(0o755)
+            loopback = b / "cni/bin/loopback"  # containerd always adds a loopback network
+            if not loopback.exists():
+                loopback.symlink_to(CNI_LOOPBACK)
+            (b / "cni/net.d/10-standin.conflist").write_text(json.dumps(
+                {"cniVersion": "0.4.0", "name": "standin", "plugins": [{"type": "standin"}]}))
         (b / "config.toml").write_text(
             f'version = 2\nroot = "{b}/root"\nstate = "{b}/state"\n'
             'disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",'
@@ -376,6 +483,7 @@ class CRI:
             f'[{cri}]\n  sandbox_image = "{self.pause_ref}"\n'
             '  stream_server_address = "127.0.0.1"\n  stream_server_port = "0"\n'
             '  enable_selinux = false\n  restrict_oom_score_adj = true\n'
+            + extra +
             f'[{cri}.containerd]\n  snapshotter = "overlayfs"\n  default_runtime_name = "runc"\n'
             f'  discard_unpacked_layers = false\n'
             + runtimes +
@@ -391,8 +499,10 @@ class CRI:
         if self.edit_config is not None:
             self.edit_config(self.base / "config.toml")
         self.log = open(self.base / "containerd.log", "w")
-        self.proc = subprocess.Popen(["containerd", "--config", str(self.base / "config.toml")],
-                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        # the shim containerd starts is the first containerd-shim-runc-v2 on its PATH: its own
+        env = dict(os.environ, PATH=f"{self.bin}:{os.environ.get('PATH', os.defpath)}")
+        self.proc = subprocess.Popen([str(self.bin / "containerd"), "--config", str(self.base / "config.toml")],
+                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.channel = grpc.insecure_channel(f"unix://{self.sock}")
         self.runtime = self.grpc_api.RuntimeServiceStub(self.channel)
         self.images = self.grpc_api.ImageServiceStub(self.channel)
@@ -415,7 +525,7 @@ class CRI:
                 raise RuntimeError(f"the CRI does not see {ref} after the import")
 
     def ctr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(["ctr", "-a", str(self.sock), "-n", NAMESPACE, *args], capture_output=True,
+        return subprocess.run([str(self.bin / "ctr"), "-a", str(self.sock), "-n", NAMESPACE, *args], capture_output=True,
                               text=True, timeout=timeout)
 
     def stop(self) -> list[str]:
@@ -529,9 +639,10 @@ class CRI:
         except grpc.RpcError as e:
             raise CRIError(f"{method}: {e.code().name}: {e.details()}") from None
 
-    def run_pod(self, name: str, handler: str, pid: str = "CONTAINER") -> Pod:
+    def run_pod(self, name: str, handler: str, pid: str = "CONTAINER", network: str = "NODE") -> Pod:
         """RunPodSandbox of a host-network pod (``pid`` CONTAINER, or POD for
-        shareProcessNamespace), in a cgroup made first, as kubelet's."""
+        shareProcessNamespace; ``network`` POD: a network namespace of its own, made by the
+        CNI stand-in, with ``pod_network``), in a cgroup made first, as kubelet's."""
         a = self.api
         uid = str(uuid.uuid4())
         if self.systemd:  # kubelet's systemd name of a BestEffort pod's cgroup (its uid's dashes escaped)
@@ -541,7 +652,7 @@ class CRI:
             self._make_cgroup(cgroup)
         logdir = self.base / "pods" / f"default_{name}_{uid}"
         logdir.mkdir(parents=True)
-        ns = a.NamespaceOption(network=a.NODE, pid=getattr(a, pid), ipc=a.POD)
+        ns = a.NamespaceOption(network=getattr(a, network), pid=getattr(a, pid), ipc=a.POD)
         config = a.PodSandboxConfig(
             metadata=a.PodSandboxMetadata(name=name, uid=uid, namespace="default", attempt=0),
             log_directory=str(logdir),
@@ -565,10 +676,13 @@ class CRI:
         return pod
 
     def create_container(self, pod: Pod, name: str, command: list[str], env: dict[str, str] | None = None,
-                         memory: int | None = None, image: str = APP_IMAGE) -> str:
+                         memory: int | None = None, image: str = APP_IMAGE, annotations: dict[str, str] | None = None,
+                         cdi_devices: list[str] | None = None) -> str:
         """CreateContainer as kubelet sends it: the pod's namespaces, containerd's default
         seccomp profile, kubelet's masked and read-only paths, a termination-log mount, the
-        resources of a pod with (``memory``) or without a limit."""
+        resources of a pod with (``memory``) or without a limit; ``annotations`` added to
+        kubelet's, ``cdi_devices`` the CDI names kubelet passes on from a device plugin's or
+        DRA driver's allocation (the config's CDI_devices, CRI API 1.28+)."""
         a = self.api
         term = self.base / "kubelet/pods" / pod.uid / "containers" / name / uuid.uuid4().hex[:8]
         term.parent.mkdir(parents=True, exist_ok=True)
@@ -587,7 +701,9 @@ class CRI:
             labels={"io.kubernetes.container.name": name, "io.kubernetes.pod.name": pod.config.metadata.name,
                     "io.kubernetes.pod.namespace": "default", "io.kubernetes.pod.uid": pod.uid},
             annotations={"io.kubernetes.container.restartCount": "0",
-                         "io.kubernetes.container.terminationMessagePath": "/dev/termination-log"},
+                         "io.kubernetes.container.terminationMessagePath": "/dev/termination-log",
+                         **(annotations or {})},
+            CDI_devices=[a.CDIDevice(name=n) for n in cdi_devices or ()],
             log_path=f"{name}/0.log",
             linux=a.LinuxContainerConfig(
                 resources=resources,
@@ -671,7 +787,7 @@ class CRI:
                        for line in path.read_text().splitlines() if line.count(" ") >= 3)
 
 
-if __name__ == "__main__":  # set-up time: the stubs (--stubs), else the stubs and the images too
-    print(stubs())
+if __name__ == "__main__":  # set-up time: the stubs and containerd 1.7 (--stubs), else the images too
+    print(stubs(), containerd_17(), sep="\n")
     if sys.argv[1:] != ["--stubs"]:
         print(pause_image(), pause_image(True), app_image(), sep="\n")

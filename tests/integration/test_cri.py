@@ -1,6 +1,8 @@
-"""Pods through containerd's CRI, driven as kubelet drives them (scripts/cri.py): one private
+"""Pods through containerd's CRI, driven as kubelet drives them (scripts/cri.py): a private
 containerd with its CRI plugin and two runtime handlers, ``runc`` and ``sandbox`` (containerd's
-runc shim with BinaryName our runtime, on the fixture driver root), every test on both.
+runc shim with BinaryName our runtime, on the fixture driver root), every test on both, and on
+containerd 1.6 (bookworm's) and 1.7 (trixie's, unpacked into .cache, never installed). On 1.7
+also GPUs by CDI name, injected by containerd itself (enable_cdi) from our generated spec.
 
 The pause image is /pause alone (registry.k8s.io/pause's shape); nothing is pulled. After the
 module nothing of containerd is left mounted, running or in a cgroup.
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import mount_table
+from tests.integration.helpers import mount_table, sandbox
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -42,19 +44,32 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-@pytest.fixture(scope="module")
-def cri(tmp_path_factory, driver_root):
-    if shutil.which("containerd") is None or shutil.which("ctr") is None:
+@pytest.fixture(scope="module", params=cri_mod.CONTAINERDS, ids=[f"containerd-{v}" for v in cri_mod.CONTAINERDS])
+def cri(request, tmp_path_factory, driver_root):
+    """A private containerd of each version (1.6: Debian bookworm's; 1.7: trixie's, unpacked),
+    the tests of a version in a row. 1.7 injects CDI devices itself (enable_cdi), from a
+    directory holding our spec for the fixture driver (`sandbox cdi generate`)."""
+    version = request.param
+    if version == "1.6" and (shutil.which("containerd") is None or shutil.which("ctr") is None):
         pytest.skip("containerd is not installed (scripts/setup installs it)")
+    base = tmp_path_factory.mktemp(f"cri-{version}")
+    cdi_dirs = None
+    if version != "1.6":
+        spec = sandbox("cdi", "generate", "--driver-root", driver_root)
+        assert spec.returncode == 0, spec.stderr
+        (base / "cdi").mkdir()
+        (base / "cdi/nvidia.yaml").write_text(spec.stdout)
+        cdi_dirs = [base / "cdi"]
     before = mount_table()
-    c = cri_mod.CRI(tmp_path_factory.mktemp("cri"), driver_root,
-                    pause_with_mount_points=os.environ.get("CRI_PAUSE_DIRS") == "1")
+    c = cri_mod.CRI(base, driver_root, pause_with_mount_points=os.environ.get("CRI_PAUSE_DIRS") == "1",
+                    containerd=version, cdi_spec_dirs=cdi_dirs, pod_network=True)
     try:
         c.start()
         yield c
     finally:
         problems = c.stop()
-        assert mount_table() == before, "containerd's CRI left mounts behind"
+        # (what is new only: other tests on the host may unmount theirs meanwhile)
+        assert [m for m in mount_table() if m not in before] == [], "containerd's CRI left mounts behind"
         assert not [d for d in c._cgroup_dirs() if d.exists()], "cgroups left behind"
         assert not problems, problems
 
@@ -89,10 +104,10 @@ def pods(cri, fail):
     """pods(name, handler, pid=...) -> a Pod, torn down as kubelet does at the end."""
     made = []
 
-    def make(name: str, handler: str, pid: str = "CONTAINER"):
+    def make(name: str, handler: str, pid: str = "CONTAINER", network: str = "NODE"):
         err = None
         try:
-            pod = cri.run_pod(name, handler, pid=pid)
+            pod = cri.run_pod(name, handler, pid=pid, network=network)
         except cri_mod.CRIError as e:
             err = e
         if err is not None:
@@ -260,3 +275,96 @@ def test_remove_leaves_nothing(cri, pods, fail, handler):
         assert not d.is_dir() or [p for p in d.rglob("*") if p.is_dir()] == [], f"{d} has cgroups left"
     cri.remove_pod_cgroup(pod)
     assert [d for d in cri.pod_cgroup_dirs(pod) if d.exists()] == []
+
+
+@pytest.mark.parametrize("handler", HANDLERS)
+def test_pod_with_a_network_namespace_of_its_own(cri, pods, fail, handler):
+    """kubelet's default pod: a network namespace of its own, eth0 made in it by the CNI
+    (cri.STANDIN_CNI). The container joins that namespace, not the host's, and its sysfs is
+    that namespace's: it sees eth0 with the address PodSandboxStatus reports."""
+    pod = pods("podnet", handler, network="POD")
+    ip = cri.pod_status(pod).status.network.ip
+    assert ip.startswith("10.88."), ip
+    cid = _run(cri, fail, pod, "podnet", ["sh", "-c", "readlink /proc/self/ns/net; ls /sys/class/net; "
+                                                      "cat /proc/net/fib_trie"])
+    st = cri.wait_exited(cid)
+    out = cri.container_log(pod, "podnet")
+    assert (st.state, st.exit_code) == (cri.api.CONTAINER_EXITED, 0), (st, out, fail.text("", cid))
+    netns, *rest = out.split()
+    assert netns.startswith("net:[") and netns != os.readlink("/proc/self/ns/net"), out
+    assert {"eth0", "lo"} <= set(rest) and ip in rest, out
+
+
+# GPU 1 of the fixture driver: its nodes, by-path links and UUID (proc/driver/nvidia/gpus)
+GPU1_SCRIPT = "ls /dev/nvidia* /dev/dri/by-path 2>&1; cudacheck 2>&1; echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES"
+GPU1_LINK = "pci-0000:86:00.0-card"
+
+
+def _gpu_uuid(driver_root: Path, minor: int) -> str:
+    for info in (driver_root / "proc/driver/nvidia/gpus").glob("*/information"):
+        fields = dict(line.split(":", 1) for line in info.read_text().splitlines() if ":" in line)
+        if int(fields["Device Minor"]) == minor:
+            return fields["GPU UUID"].strip()
+    raise AssertionError(f"no GPU of minor {minor} under {driver_root}")
+
+
+def _gpu1_container(cri, pods, fail, handler: str, name: str, **kw) -> tuple[list[str], str, dict]:
+    """A pod whose container runs GPU1_SCRIPT: (the devices of the spec containerd gave the
+    runtime, the container's output, its status)."""
+    pod = pods(name, handler)
+    cid = _run(cri, fail, pod, name, ["sh", "-c", GPU1_SCRIPT], **kw)
+    st = cri.wait_exited(cid, timeout=30)
+    out = cri.container_log(pod, name)
+    assert (st.state, st.exit_code) == (cri.api.CONTAINER_EXITED, 0), (st, out, fail.text("", cid))
+    spec = cri.container_info(cid)["runtimeSpec"]
+    return [d["path"] for d in spec["linux"].get("devices", [])], out, spec
+
+
+# The sandbox handler fails it: the spec's mounts need mount points the image lacks, so the
+# root is our overlay, on containerd's overlayfs snapshot; the hook then overlays an image
+# directory (nvidia/current) on top: a third overlayfs, past the kernel's stacking depth of 2
+# (EINVAL, "overlayfs: maximum fs stacking depth exceeded"). Under runc the hook's overlay is
+# the second.
+CDI_HOOK_DEPTH = pytest.mark.xfail(strict=True, reason=(
+    "sandbox: our CDI spec's createRuntime hook, run by sandbox on the spec containerd 1.7 edited, "
+    "overlays an image directory inside sandbox's own root overlay on containerd's overlayfs "
+    "snapshot: fsconfig EINVAL, overlayfs stacking depth > 2"))
+
+
+@pytest.mark.parametrize("cri", ["1.7"], indirect=True, ids=["containerd-1.7"])
+@pytest.mark.parametrize("handler", ["runc", pytest.param("sandbox", marks=CDI_HOOK_DEPTH)])
+@pytest.mark.parametrize("ask", ["CDI_devices", "annotation"])
+def test_gpu_by_cdi_name_through_containerds_injection(cri, pods, fail, handler, ask):
+    """containerd 1.7's own CDI injection (enable_cdi) of our spec: nvidia.com/gpu=1 asked for
+    in the container config's CDI_devices (what kubelet passes on from a DRA driver or the
+    device plugin's CDI strategy) or in a cdi.k8s.io/ annotation (the device plugin's
+    cdi-annotations strategy). containerd edits the spec; either runtime then gives the
+    container GPU 1 (not GPU 0), the driver's libraries through the cache and GPU 1's by-path
+    links (our spec's createRuntime hook, which both run)."""
+    kw = ({"cdi_devices": ["nvidia.com/gpu=1"]} if ask == "CDI_devices"
+          else {"annotations": {"cdi.k8s.io/gpu-request": "nvidia.com/gpu=1"}})
+    devices, out, spec = _gpu1_container(cri, pods, fail, handler, f"cdi-{ask.lower()}", **kw)
+    assert {"/dev/nvidia1", "/dev/nvidiactl"} <= set(devices) and "/dev/nvidia0" not in devices, devices
+    words = out.split()
+    assert "/dev/nvidia1" in words and "/dev/nvidiactl" in words and "/dev/nvidia0" not in words, out
+    assert GPU1_LINK in words and "pci-0000:3b:00.0-card" not in words, out
+    assert "libcuda.so.1: cuInit found" in out and "error while loading shared libraries" not in out, out
+    assert "NVIDIA_VISIBLE_DEVICES=void" in words, out  # our spec's: a runtime that reads the env adds nothing
+
+
+@pytest.mark.parametrize("handler", HANDLERS)
+def test_gpu_by_the_device_plugins_env_strategy(cri, pods, fail, handler, driver_root):
+    """NVIDIA_VISIBLE_DEVICES=<GPU 1's UUID>, as the device plugin's envvar strategy sets it:
+    containerd passes the env on untouched (no device in the spec); sandbox gives GPU 1 alone
+    and its libraries, runc nothing (it does not read the env)."""
+    uuid1 = _gpu_uuid(driver_root, 1)
+    devices, out, spec = _gpu1_container(cri, pods, fail, handler, "envvar",
+                                         env={"NVIDIA_VISIBLE_DEVICES": uuid1})
+    assert not [d for d in devices if "nvidia" in d], devices
+    assert f"NVIDIA_VISIBLE_DEVICES={uuid1}" in spec["process"]["env"]
+    words = out.split()
+    if handler == "sandbox":
+        assert "/dev/nvidia1" in words and "/dev/nvidiactl" in words and "/dev/nvidia0" not in words, out
+        assert "libcuda.so.1: cuInit found" in out, out
+    else:
+        assert "/dev/nvidia1" not in words and "/dev/nvidiactl" not in words and "cuInit found" not in out, out
