@@ -353,3 +353,59 @@ def _oci_device(node: DeviceNode, names: list[str]):
         major = os.major(info.st_rdev) if major is None else major
         minor = os.minor(info.st_rdev) if minor is None else minor
     return S.Device(node.path, kind, major, minor, node.file_mode, node.uid, node.gid)
+
+
+def hook_actions(links: list[str], files: list[str], cache_entries: list[str]) -> list:
+    """What our CDI spec's hook makes (`sandbox cdi hook`, or sandbox itself when an engine's CDI
+    injection put that hook in the bundle): its --link NAME::PATH, --file PATH::CONTENT and
+    --cache-entry KEY::PATH::FLAGS as plan actions. A malformed one is a BundleError."""
+    from mounts import actions as A
+    from mounts.ldcache import Entry
+
+    actions: list = []
+    for link in links:
+        content, sep, target = link.partition("::")
+        if not sep or not os.path.isabs(target) or not content or os.path.isabs(content):
+            raise BundleError(f"--link {link!r}: expected RELATIVE-CONTENT::/ABSOLUTE/PATH")
+        actions.append(A.Symlink(content, target))
+    seen: set[str] = set()
+    for item in files:
+        target, sep, content = item.partition("::")
+        if not sep or not os.path.isabs(target):
+            raise BundleError(f"--file {item[:80]!r}: expected /ABSOLUTE/PATH::CONTENT")
+        if os.path.normpath(target) in seen:
+            raise BundleError(f"--file {target[:80]!r}: given twice")
+        seen.add(os.path.normpath(target))
+        actions.append(A.Config("", target, A.RO_LIB, content))
+    entries = []
+    for item in cache_entries:
+        parts = item.split("::")
+        if len(parts) != 3 or not os.path.isabs(parts[1]):
+            raise BundleError(f"--cache-entry {item!r}: expected KEY::/ABSOLUTE/PATH::FLAGS")
+        try:
+            flags = int(parts[2], 0)
+        except ValueError:
+            raise BundleError(f"--cache-entry {item!r}: FLAGS is not a number") from None
+        if not -(1 << 31) <= flags < 1 << 31:  # an int32 in the cache's entries
+            raise BundleError(f"--cache-entry {item!r}: FLAGS is out of range")
+        entries.append(Entry(parts[0], parts[1], flags))
+    if entries:
+        actions.append(A.LdCache("", "/etc/ld.so.cache", A.RO_LIB, tuple(entries)))
+    return actions
+
+
+def spec_hook_actions(hooks) -> list:
+    """hook_actions of every one of our CDI spec's hooks in a bundle's ``hooks`` (mounts.spec
+    Hooks; Hooks.ours() drops them from what is run)."""
+    from mounts.spec import cdi_hook_args
+
+    actions: list = []
+    for field in hooks.__struct_fields__ if hooks is not None else ():
+        for hook in getattr(hooks, field):
+            args = cdi_hook_args(hook)
+            if args is not None:
+                given: dict[str, list[str]] = {"--link": [], "--file": [], "--cache-entry": []}
+                for flag, value in zip(args[::2], args[1::2], strict=False):
+                    given[flag].append(value)
+                actions += hook_actions(given["--link"], given["--file"], given["--cache-entry"])
+    return actions

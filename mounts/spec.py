@@ -125,14 +125,34 @@ class Hooks(_S, frozen=True):
     def ours(self) -> Hooks:
         """The hooks we run: NVIDIA's own are dropped, because we do their work natively
         (as runsc does): nvidia-container-runtime-hook / nvidia-container-toolkit as prestart,
-        nvidia-cdi-hook and `nvidia-ctk hook` as createContainer."""
-        return Hooks(*[[h for h in getattr(self, f) if not is_nvidia_hook(h)] for f in self.__struct_fields__])
+        nvidia-cdi-hook and `nvidia-ctk hook` as createContainer; and our own CDI spec's hook
+        (`sandbox cdi hook`, which an engine's CDI injection puts there), whose links and
+        ld.so.cache entries we make in our own root instead (cdi_hook_args)."""
+        return Hooks(*[[h for h in getattr(self, f) if not is_nvidia_hook(h) and cdi_hook_args(h) is None]
+                       for f in self.__struct_fields__])
 
     def has_nvidia(self) -> bool:
         return any(is_nvidia_hook(h) for f in self.__struct_fields__ for h in getattr(self, f))
 
 
 NVIDIA_HOOKS = ("nvidia-container-runtime-hook", "nvidia-container-toolkit", "nvidia-cdi-hook")
+OUR_CDI_HOOK = ("cdi", "hook")  # what `sandbox cdi generate` puts after the program in its hook's args
+
+
+def cdi_hook_args(hook: Hook) -> list[str] | None:
+    """The --link/--file/--cache-entry arguments of our own CDI spec's hook (sandbox/cdi_cmd.py
+    writes it: the sandbox-hook client or our Python, then "cdi hook"), or None for any other
+    hook. Done natively, it is no power a bundle's hook lacks: it only links and caches in
+    the container's own root."""
+    args = hook.args[1:]
+    for i in range(len(args) - 1):
+        if (tuple(args[i:i + 2]) == OUR_CDI_HOOK and any(ENTRY_MARK in a for a in args[:i])
+                and len(args[i + 2:]) % 2 == 0 and all(a in ("--link", "--file", "--cache-entry") for a in args[i + 2::2])):
+            return args[i + 2:]
+    return None
+
+
+ENTRY_MARK = "from sandbox.cli import"  # in our Python's -c program (sandbox/launcher.py's MARK)
 
 
 def is_nvidia_hook(hook: Hook) -> bool:

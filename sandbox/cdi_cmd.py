@@ -70,9 +70,8 @@ def generate(args) -> int:
 def hook(args, state_json: bytes | None = None) -> int:
     """The hook's work for the container whose state is ``state_json`` (else stdin)."""
     from gofer.embed import join_mount_namespace
-    from mounts import actions as A
     from mounts.bundle import load_bundle
-    from mounts.ldcache import Entry
+    from mounts.cdi import hook_actions
     from sandbox.api import apply_plan
     from sandbox.hook_cmd import ContainerState
 
@@ -82,35 +81,7 @@ def hook(args, state_json: bytes | None = None) -> int:
                                     type=ContainerState)
     except msgspec.DecodeError as e:
         raise BundleError(f"container state on stdin: {e}") from None
-    actions: list = []
-    for link in args.link:
-        content, sep, target = link.partition("::")
-        if not sep or not os.path.isabs(target) or not content or os.path.isabs(content):
-            raise BundleError(f"--link {link!r}: expected RELATIVE-CONTENT::/ABSOLUTE/PATH")
-        actions.append(A.Symlink(content, target))
-    files: dict[str, str] = {}
-    for item in args.file:
-        target, sep, content = item.partition("::")
-        if not sep or not os.path.isabs(target):
-            raise BundleError(f"--file {item[:80]!r}: expected /ABSOLUTE/PATH::CONTENT")
-        if os.path.normpath(target) in files:
-            raise BundleError(f"--file {target[:80]!r}: given twice")
-        files[os.path.normpath(target)] = content
-        actions.append(A.Config("", target, A.RO_LIB, content))
-    entries = []
-    for item in args.cache_entry:
-        parts = item.split("::")
-        if len(parts) != 3 or not os.path.isabs(parts[1]):
-            raise BundleError(f"--cache-entry {item!r}: expected KEY::/ABSOLUTE/PATH::FLAGS")
-        try:
-            flags = int(parts[2], 0)
-        except ValueError:
-            raise BundleError(f"--cache-entry {item!r}: FLAGS is not a number") from None
-        if not -(1 << 31) <= flags < 1 << 31:  # an int32 in the cache's entries
-            raise BundleError(f"--cache-entry {item!r}: FLAGS is out of range")
-        entries.append(Entry(parts[0], parts[1], flags))
-    if entries:
-        actions.append(A.LdCache("", "/etc/ld.so.cache", A.RO_LIB, tuple(entries)))
+    actions = hook_actions(args.link, args.file, args.cache_entry)
     bundle = load_bundle(state.bundle)  # (read where the runtime runs us: the bundle is its path)
     if not _mount_here(state.pid):
         join_mount_namespace(state.pid)  # createRuntime, or the warm server's child

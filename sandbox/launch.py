@@ -132,6 +132,9 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
 
                     warn(w)
                 assert spec.process is not None  # (CDI edits keep it)
+                from mounts.cdi import spec_hook_actions
+
+                cdi_actions = spec_hook_actions(spec.hooks)  # (an engine's CDI injection: done natively)
                 if spec.process.terminal and opts.detached and not opts.console_socket:
                     raise BundleError(f"{bundle.path}/config.json: process.terminal is set: a detached "
                                       "container needs --console-socket to hand its terminal to")
@@ -151,13 +154,15 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
             trace = opts.trace or _annotated_trace(spec.annotations.get(TRACE_ANNOTATION), opts)
             spans.enabled = bool(trace)
             protocol.send(sock, protocol.Start(
-                spec, bundle.rootfs, bundle.path, spans.enabled, overlay_root=request is not None,
+                spec, bundle.rootfs, bundle.path, spans.enabled, overlay_root=request is not None or bool(cdi_actions),
                 scratch_size=opts.scratch_size, id=opts.cid, exec_fifo=sd.fifo if opts.detached else None,
                 console_socket=opts.console_socket, detached=opts.detached, preserve_fds=opts.preserve_fds,
                 hooks_pause=pause, cgroup_created=cgroup.created if cgroup is not None else [],
                 state_dir=sd.dir if opts.foreground else None, launcher_fd=launcher.fd if launcher else None))
             if request is not None:
                 _stream_plan(sock, request, bundle, opts, spans, cgroup)
+            for action in cdi_actions:  # our CDI hook's links and ld.so.cache, in our own root
+                protocol.send(sock, action)
             if cgroup is not None:
                 with spans.span("device rules"):
                     cgroup.seal()  # before End: the container's process runs only after it
