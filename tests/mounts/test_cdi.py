@@ -117,3 +117,24 @@ def test_named_gpus_replace_the_legacy_value(visible, annotation, expect):
     names, _ = cdi.requests_of(spec.annotations, visible)
     out, _ = cdi.apply(spec, names, [])
     assert out.process.getenv("NVIDIA_VISIBLE_DEVICES") == expect
+
+
+def test_our_cdi_hook_is_done_natively_and_no_other():
+    """The hook `sandbox cdi generate` writes (behind the C client or not) is recognised and
+    turned into actions; a foreign hook that happens to say "cdi hook" is run as it is."""
+    from mounts import actions as A
+    from mounts.cdi import spec_hook_actions
+    from mounts.spec import Hook, Hooks, cdi_hook_args
+
+    code = "import sys; sys.path[:0] = ['/opt/x']; from sandbox.cli import run; run(sys.argv[1:])"
+    ours = Hook("/opt/x/bin/sandbox-hook", ["sandbox-hook", "/usr/bin/python3", "-I", "-S", "-c", code, "cdi", "hook",
+                                            "--link", "libcuda.so.1::/usr/lib/libcuda.so",
+                                            "--cache-entry", "libcuda.so.1::/usr/lib/libcuda.so.1::0x303"])
+    foreign = Hook("/usr/bin/tool", ["tool", "cdi", "hook", "--link", "a::/b"])
+    odd = Hook("/usr/bin/python3", ["python3", "-c", code, "cdi", "hook", "--link"])
+    assert cdi_hook_args(ours) == ours.args[8:] and cdi_hook_args(foreign) is None and cdi_hook_args(odd) is None
+    hooks = Hooks(create_runtime=[ours, foreign])
+    assert hooks.ours().create_runtime == [foreign]
+    actions = spec_hook_actions(hooks)
+    assert actions[0] == A.Symlink("libcuda.so.1", "/usr/lib/libcuda.so")
+    assert isinstance(actions[1], A.LdCache) and actions[1].entries[0].flags == 0x303
