@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
 
         if not sealed.sealed():
             sealed.exec_sealed()  # before any process the container could see exists
-    if verb == "hook" and argv[1:2] != ["install"] and argv[1:2] != ["serve"]:
+    if verb == "hook" and argv[(flags.verb_index(argv) or 0) + 1:][:1] not in (["install"], ["serve"]):
         if os.isatty(0):
             from sandbox.hook_cmd import HOW
 

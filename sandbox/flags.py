@@ -392,12 +392,17 @@ def lean_args(argv: list[str]):
 def verb_of(argv: list[str]) -> str | None:
     """The verb, found past the global options without parsing (run and create fork their
     gofer before anything else is imported)."""
+    i = verb_index(argv)
+    return argv[i] if i is not None else None
+
+
+def verb_index(argv: list[str]) -> int | None:
+    """Where verb_of's verb is in ``argv``."""
     i = 0
     while i < len(argv):
-        a = argv[i]
-        if not a.startswith("-"):
-            return a
-        i += 2 if a in GLOBAL_VALUES else 1
+        if not argv[i].startswith("-"):
+            return i
+        i += 2 if argv[i] in GLOBAL_VALUES else 1
     return None
 
 

@@ -131,3 +131,22 @@ def test_anything_else_of_cdi_goes_to_argparse(argv):
     from sandbox.flags import cdi_hook_args
 
     assert cdi_hook_args(argv) is None
+
+
+def test_hook_install_after_global_options_from_a_terminal(tmp_path, make_bundle):
+    """`sandbox --debug hook install B` from a terminal installs (the hook's own "state on
+    stdin, not a terminal" refusal is for the hook, found past the global options)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    bundle = make_bundle(["true"])
+    primary, secondary = pty.openpty()
+    try:
+        r = subprocess.run([sys.executable, "-m", "sandbox.cli", "--debug", "hook", "install", str(bundle)],
+                           stdin=secondary, capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(primary)
+        os.close(secondary)
+    assert r.returncode == 0 and "added sandbox hook" in r.stdout.lower() + r.stderr.lower(), r.stderr
