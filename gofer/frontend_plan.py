@@ -13,7 +13,18 @@ from mounts.errors import BundleError, ExecError, ProcessError
 from mounts.spec import Personality, Process, Seccomp
 
 MAX_PLAN = 200_000  # bytes: well inside a SOCK_SEQPACKET message (the socket's send buffer)
-MAX_FDS = 64  # frontend.c's MAX_FDS
+# frontend.c's tables, defined here alone: sandbox/launcher.py writes them into the header
+# frontend.c is built with (c_defines), so the two can never disagree
+MAX_FDS = 64  # fds a plan carries
+MAX_ITEMS = 4096  # argv and envp slots each, their NULL included (HOME counts among the env)
+MAX_GROUPS, MAX_RLIMITS, MAX_NS, MAX_CGROUPS = 256, 32, 8, 32
+
+
+def c_defines() -> str:
+    """The limits above as C macros (PLAN_MAX_ITEMS ...), for frontend.c."""
+    return "".join(f"#define PLAN_{name} {value}\n" for name, value in (
+        ("MAX_FDS", MAX_FDS), ("MAX_ITEMS", MAX_ITEMS), ("MAX_GROUPS", MAX_GROUPS), ("MAX_RLIMITS", MAX_RLIMITS),
+        ("MAX_NS", MAX_NS), ("MAX_CGROUPS", MAX_CGROUPS)))
 
 
 def unsupported(proc: Process, console, seccomp: Seccomp | None, personality: Personality | None) -> str | None:
@@ -30,14 +41,10 @@ def unsupported(proc: Process, console, seccomp: Seccomp | None, personality: Pe
     return None
 
 
-MAX_ITEMS = 4095  # frontend.c's: argv and env entries each (MAX_ITEMS - 1; HOME may be one more)
-MAX_GROUPS, MAX_RLIMITS = 256, 32  # frontend.c's
-
-
 def too_big(proc: Process) -> str | None:
     """Why the plan cannot carry ``proc`` (frontend.c's fixed tables, one message), or None."""
-    if (len(proc.args) >= MAX_ITEMS - 1 or len(proc.env) >= MAX_ITEMS - 1 or len(proc.user.additional_gids) > MAX_GROUPS
-            or len(proc.rlimits) > MAX_RLIMITS):
+    if (len(proc.args) > MAX_ITEMS - 1 or len(proc.env) + 1 > MAX_ITEMS - 1  # (+ HOME)
+            or len(proc.user.additional_gids) > MAX_GROUPS or len(proc.rlimits) > MAX_RLIMITS):
         return "more arguments, variables, groups or rlimits than the launcher's plan holds"
     if sum(len(a) + 8 for a in proc.args) + sum(len(e) + 8 for e in proc.env) > MAX_PLAN // 2:
         return "a command line or environment too big for the launcher's plan"

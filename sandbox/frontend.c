@@ -56,7 +56,7 @@
 
 extern char **environ;
 
-#define MAX_ITEMS 4096
+#define MAX_ITEMS PLAN_MAX_ITEMS /* (gofer/frontend_plan.py: the header sandbox/launcher.py writes) */
 
 struct plan {
     int detach, preserve, nnp, early_seccomp, last_cap, umask;
@@ -65,13 +65,13 @@ struct plan {
     int code_process, code_exec, code_bundle;
     unsigned long long bounding, permitted, inheritable, effective, ambient;
     unsigned uid, gid;
-    gid_t groups[256];
+    gid_t groups[PLAN_MAX_GROUPS];
     int ngroups;
-    struct { int resource; rlim_t soft, hard; const char *text; } rlimits[32];
+    struct { int resource; rlim_t soft, hard; const char *text; } rlimits[PLAN_MAX_RLIMITS];
     int nrlimits;
-    struct { int fd, flag; const char *name; } ns[8];
+    struct { int fd, flag; const char *name; } ns[PLAN_MAX_NS];
     int nns;
-    struct { int fd; const char *path; } cgroups[32];
+    struct { int fd; const char *path; } cgroups[PLAN_MAX_CGROUPS];
     int ncgroups;
     int cwd, fifo;
     const char *cwd_text;
@@ -209,10 +209,10 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
         } else if (!strncmp(item, "user ", 5)) {
             if (sscanf(v, "%u %u", &pl->uid, &pl->gid) != 2) return -1;
         } else if (!strncmp(item, "group ", 6)) {
-            if (pl->ngroups == 256) return -1;
+            if (pl->ngroups == PLAN_MAX_GROUPS) return -1;
             pl->groups[pl->ngroups++] = (gid_t)strtoul(v, NULL, 10);
         } else if (!strncmp(item, "rlimit ", 7)) {
-            if (pl->nrlimits == 32) return -1;
+            if (pl->nrlimits == PLAN_MAX_RLIMITS) return -1;
             unsigned long long soft, hard;
             int res, off = 0;
             if (sscanf(v, "%d %llu %llu %n", &res, &soft, &hard, &off) != 3) return -1;
@@ -221,13 +221,13 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
             pl->rlimits[pl->nrlimits].hard = hard == UINT64_MAX ? RLIM_INFINITY : (rlim_t)hard;
             pl->rlimits[pl->nrlimits++].text = v + off;
         } else if (!strncmp(item, "ns ", 3)) {
-            if (pl->nns == 8) return -1;
+            if (pl->nns == PLAN_MAX_NS) return -1;
             const char *name = strchr(v, ' ');
             pl->ns[pl->nns].flag = atoi(v);
             pl->ns[pl->nns].name = name ? name + 1 : "?";
             if ((pl->ns[pl->nns++].fd = TAKE_FD()) < 0) return -1;
         } else if (!strncmp(item, "cgroup ", 7)) {
-            if (pl->ncgroups == 32) return -1;
+            if (pl->ncgroups == PLAN_MAX_CGROUPS) return -1;
             pl->cgroups[pl->ncgroups].path = v;
             if ((pl->cgroups[pl->ncgroups++].fd = TAKE_FD()) < 0) return -1;
         } else if (!strcmp(item, "fifo")) {
@@ -255,7 +255,7 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
         }
     }
 #undef TAKE_FD
-    return (pl->argc > 0 || pl->clone) && fdi == nfds ? 0 : -1;
+    return p == end && (pl->argc > 0 || pl->clone) && fdi == nfds ? 0 : -1; /* (every record NUL-ended) */
 }
 
 static void load_seccomp(struct plan *pl) {
@@ -598,7 +598,7 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds, char **a
     }
     pid_t c = fork();
     if (c == 0) { /* C: before it joins, nothing of the caller's but stdio and the preserved fds */
-        int keep[2 + 8 + 32], nkeep = 0;
+        int keep[2 + PLAN_MAX_NS + PLAN_MAX_CGROUPS], nkeep = 0;
         keep[nkeep++] = report[1], keep[nkeep++] = pl.cwd;
         for (int i = 0; i < pl.nns; i++) keep[nkeep++] = pl.ns[i].fd;
         for (int i = 0; i < pl.ncgroups; i++) keep[nkeep++] = pl.cgroups[i].fd;

@@ -7,7 +7,8 @@
 
 #include <sys/types.h>
 
-#define MAX_FDS 64 /* gofer/frontend_plan.py's */
+#include SANDBOX_CONFIG /* PLAN_*: gofer/frontend_plan.py's limits, as sandbox/launcher.py writes them */
+#define MAX_FDS PLAN_MAX_FDS
 
 /* One message of records from s with its fds (close-on-exec), into buf (cap bytes and a NUL,
  * NUL-terminated), recvmsg's flags added: its length, 0 at EOF, or -1 with errno (EAGAIN

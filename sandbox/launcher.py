@@ -72,7 +72,10 @@ def write_launcher(path: str, strip: str = "") -> None:
         else:
             source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.c")
             config = os.path.join(d, "config.h")
+            from gofer.frontend_plan import c_defines
+
             with open(config, "w") as f:
+                f.write(c_defines())
                 f.write(f"#define SANDBOX_PYTHON {c_string(_unstaged(sys.executable, strip))}\n"
                         f"#define SANDBOX_CODE {c_string(entry_code(strip))}\n"
                         f"#define SANDBOX_SERVED {', '.join(map(c_string, SERVED))}\n"

@@ -1,0 +1,31 @@
+/*
+ * frontend.c's plan parser alone, for tests without root (tests/sandbox/test_frontend_plan.py):
+ * the records on stdin, the fds they name opened from the files given, the parsed plan out
+ * as lines, or "refused". Built with the header gofer/frontend_plan.py's c_defines() writes.
+ * usage: plan_parse [FILE...] < RECORDS
+ */
+#include "frontend.c"
+
+int main(int argc, char **argv) {
+    static char buf[MAX_REQUEST + 1];
+    size_t n = fread(buf, 1, MAX_REQUEST, stdin);
+    int fds[MAX_FDS], nfds = 0;
+    for (int i = 1; i < argc && nfds < MAX_FDS; i++) fds[nfds++] = open(argv[i], O_RDONLY | O_CLOEXEC);
+    static struct plan pl;
+    if (parse(&pl, buf, n, fds, nfds) < 0) {
+        puts("refused");
+        return 1;
+    }
+    printf("preserve %d detach %d nnp %d umask %o lastcap %d\n", pl.preserve, pl.detach, pl.nnp, pl.umask, pl.last_cap);
+    printf("caps %llx %llx %llx %llx %llx\n", pl.bounding, pl.permitted, pl.inheritable, pl.effective, pl.ambient);
+    printf("user %u %u groups", pl.uid, pl.gid);
+    for (int i = 0; i < pl.ngroups; i++) printf(" %u", (unsigned)pl.groups[i]);
+    printf("\n");
+    for (int i = 0; i < pl.nrlimits; i++)
+        printf("rlimit %d %llu %llu\n", pl.rlimits[i].resource, (unsigned long long)pl.rlimits[i].soft,
+               (unsigned long long)pl.rlimits[i].hard);
+    printf("ns %d cgroups %d cwd %d fifo %d\n", pl.nns, pl.ncgroups, pl.cwd >= 0, pl.fifo >= 0);
+    for (int i = 0; i < pl.argc; i++) printf("arg %s\n", pl.argv[i]);
+    for (int i = 0; i < pl.envc; i++) printf("env %s\n", pl.envp[i]);
+    return 0;
+}

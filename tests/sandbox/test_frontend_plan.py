@@ -1,0 +1,100 @@
+"""The process plan, both ends without root: gofer/frontend_plan.py's records (what the
+server sends) parsed by sandbox/frontend.c's own parser (what the launcher carries out),
+built alone with the limits frontend_plan.py writes for it: the same process both sides, the
+tables' limits where Python says they are, and hostile records refused."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from gofer import frontend_plan as fp
+from gofer import process
+from mounts.spec import Process
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def parser(tmp_path_factory) -> Path:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    d = tmp_path_factory.mktemp("plan")
+    (d / "config.h").write_text(fp.c_defines())
+    subprocess.run([cc, "-O0", "-w", "-I", str(REPO / "sandbox"), f'-DSANDBOX_CONFIG="{d / "config.h"}"',
+                    "-o", str(d / "plan_parse"), str(REPO / "tests/sandbox/programs/plan_parse.c")], check=True)
+    return d / "plan_parse"
+
+
+def parse(parser: Path, records: list[str] | bytes, *files: str) -> tuple[int, list[str]]:
+    data = records if isinstance(records, bytes) else b"".join(r.encode() + b"\0" for r in records)
+    r = subprocess.run([str(parser), *files], input=data, capture_output=True, timeout=30)
+    return r.returncode, r.stdout.decode().splitlines()
+
+
+def proc(**fields) -> Process:
+    return msgspec.json.decode(msgspec.json.encode({"args": ["true"], "cwd": "/", **fields}), type=Process)
+
+
+def records(p: Process, preserve: int = 0) -> list[str]:
+    return ["plan 1", "detach 0", f"preserve {preserve}", *fp.process_records(p),
+            *fp.command_records(p, process.Entry(None, "/home/u"))]
+
+
+def test_the_same_process_both_sides(parser):
+    p = proc(args=["sh", "-c", "echo 'a b' \"$HOME\""], env=["A=1", "PATH=/bin:/usr/bin", "A=2"],
+             user={"uid": 1000, "gid": 100, "umask": 0o27, "additionalGids": [5, 6]}, noNewPrivileges=True,
+             capabilities={"bounding": ["CAP_CHOWN", "CAP_KILL"], "effective": ["CAP_KILL"],
+                           "permitted": ["CAP_KILL"]},
+             rlimits=[{"type": "RLIMIT_NOFILE", "soft": 1024, "hard": 2048}])
+    code, out = parse(parser, records(p, preserve=2))
+    assert code == 0, out
+    assert out[0] == f"preserve 2 detach 0 nnp 1 umask 27 lastcap {process.LAST_CAP}"
+    assert out[1] == "caps 21 20 0 20 0"  # CAP_CHOWN 0, CAP_KILL 5
+    assert out[2] == "user 1000 100 groups 5 6"
+    assert out[3] == "rlimit 7 1024 2048"  # RLIMIT_NOFILE
+    assert out[4] == "ns 0 cgroups 0 cwd 0 fifo 0"
+    assert out[5:] == ["arg sh", "arg -c", "arg echo 'a b' \"$HOME\"", "env A=2", "env PATH=/bin:/usr/bin",
+                       "env HOME=/home/u"]
+
+
+def test_the_tables_hold_what_python_lets_through(parser):
+    fits = proc(args=["x"] * (fp.MAX_ITEMS - 1), env=[f"V{i}=1" for i in range(fp.MAX_ITEMS - 2)],
+                user={"additionalGids": list(range(fp.MAX_GROUPS))})
+    assert fp.too_big(fits) is None
+    code, out = parse(parser, records(fits))
+    assert code == 0 and out.count("arg x") == fp.MAX_ITEMS - 1 and len([x for x in out if x.startswith("env ")]) \
+        == fp.MAX_ITEMS - 1
+    for bigger in (proc(args=["x"] * fp.MAX_ITEMS), proc(env=[f"V{i}=1" for i in range(fp.MAX_ITEMS - 1)]),
+                   proc(user={"additionalGids": list(range(fp.MAX_GROUPS + 1))})):
+        assert fp.too_big(bigger) is not None
+        assert parse(parser, records(bigger)) == (1, ["refused"])
+
+
+@pytest.mark.parametrize("hostile", [
+    ["plan 1", "arg true", "frobnicate 1"],  # a record this launcher does not know
+    ["plan 1", "preserve -4", "arg true"],  # would keep every fd of the engine's
+    ["plan 1", "ns 131072 mnt", "arg true"],  # an fd named, none sent
+    ["plan 1", "caps 1 2 3", "arg true"],
+    ["plan 1", "user 0", "arg true"],
+    ["plan 1", "rlimit 7 x y", "arg true"],
+    ["plan 1"],  # nothing to run
+])
+def test_hostile_records_are_refused(parser, hostile):
+    assert parse(parser, hostile) == (1, ["refused"])
+
+
+def test_a_record_without_its_nul_is_refused(parser):
+    good = b"plan 1\0arg true\0"
+    assert parse(parser, good)[0] == 0
+    assert parse(parser, good + b"arg evil") == (1, ["refused"])
+
+
+def test_an_fd_more_or_less_than_named_is_refused(parser):
+    assert parse(parser, ["plan 1", "ns 131072 mnt", "arg true"], "/dev/null")[0] == 0
+    assert parse(parser, ["plan 1", "arg true"], "/dev/null") == (1, ["refused"])
