@@ -104,6 +104,7 @@ def test_the_commands_of_docs_kubernetes_md_on_a_node_made_for_the_test(tmp_path
     api, grpc_api = cri_mod.load_api()
     daemonset, runtime_class, pod_manifest = manifests()
     base = tmp_path_factory.mktemp("kube")
+    mounts = nodes.mount_table()
     # the build's directory, as the checkout's root is: the package in dist/, the Containerfile
     ctx = base / "ctx"
     (ctx / "dist").mkdir(parents=True)
@@ -267,4 +268,4 @@ def test_the_commands_of_docs_kubernetes_md_on_a_node_made_for_the_test(tmp_path
         podman("rm", "-f", "-t", "0", "node-install")
         eng.stop()
         problems = node.stop()
-    assert problems == []
+    assert problems + nodes.left_behind(base, mounts) == []

@@ -47,6 +47,7 @@ def test_the_commands_of_docs_install_md_on_a_fresh_debian_12_node(tmp_path_fact
     commands = nodes.doc_commands(DOC)
     assert commands == expected_commands(deb.name), "docs/install.md's commands are not the ones this test runs"
     base = tmp_path_factory.mktemp("package-node")
+    mounts = nodes.mount_table()
     root = nodes.debroot.extract(tarball, base / "root")
     shutil.copy(deb, root / "root" / deb.name)
     shutil.copy(fixtures.image_archive(), root / "root/gpubox.tar")
@@ -114,4 +115,4 @@ def test_the_commands_of_docs_install_md_on_a_fresh_debian_12_node(tmp_path_fact
         assert status.stdout in ("", "not-installed"), status
     finally:
         problems = node.stop()
-    assert problems == []
+    assert problems + nodes.left_behind(base, mounts) == []
