@@ -116,3 +116,4 @@ def test_the_commands_of_docs_install_md_on_a_fresh_debian_12_node(tmp_path_fact
     finally:
         problems = node.stop()
     assert problems + nodes.left_behind(base, mounts) == []
+    shutil.rmtree(base)  # (the node's root and the rest: ~400 MB a run)
