@@ -233,8 +233,10 @@ def parser():
     p.add_argument("engine", choices=["docker", "podman", "containerd"])
     p.add_argument("--config", dest="config_file", metavar="FILE", help="the engine's config file (default: its own)")
     p.add_argument("--default", action="store_true", help="make sandbox the engine's default runtime")
-    p.add_argument("--name", default="sandbox", help="the runtime's (handler's) name (default sandbox)")
+    p.add_argument("--name", help="the runtime's (handler's) name (default sandbox; with --remove, any)")
     p.add_argument("--path", help="the sandbox executable (default: this installation's)")
+    p.add_argument("--remove", action="store_true",
+                   help="take out the runtimes that name this executable (and the default naming one of them)")
 
     p = sub.add_parser("update", help=VERBS["update"])
     _add(p, ROOTS, suppress=True)

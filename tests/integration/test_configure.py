@@ -61,6 +61,70 @@ def test_containerd_reads_the_handler(tmp_path):
     assert f'BinaryName = "{SANDBOX}"' in options and "SystemdCgroup = true" in options.split("[plugins")[0]
 
 
+# Debian's containerd's own config.toml (the package's), which names no runtime
+DEBIAN_CONTAINERD = ('version = 2\n\n[plugins]\n  [plugins."io.containerd.grpc.v1.cri"]\n'
+                     '    [plugins."io.containerd.grpc.v1.cri".cni]\n      bin_dir = "/usr/lib/cni"\n'
+                     '      conf_dir = "/etc/cni/net.d"\n  [plugins."io.containerd.internal.v1.opt"]\n'
+                     '    path = "/var/lib/containerd/opt"\n')
+
+
+def test_containerd_keeps_its_own_runc_handler_where_the_config_names_none(tmp_path):
+    """A runtimes table replaces containerd's default one: with our handler alone, runc's is
+    gone and the CRI plugin does not load (default_runtime_name runc has no runtime). So runc's
+    is written too, and containerd has both; --remove takes both out again."""
+    path = tmp_path / "config.toml"
+    path.write_text(DEBIAN_CONTAINERD)
+    assert configure("containerd", "--config", str(path)).returncode == 0
+    dump = subprocess.run(["containerd", "--config", str(path), "config", "dump"], capture_output=True, text=True)
+    assert dump.returncode == 0, dump.stderr
+    for handler in ("runc", "sandbox"):
+        section = dump.stdout.split(f'[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{handler}]\n')[1]
+        assert 'runtime_type = "io.containerd.runc.v2"' in section.split("[plugins")[0], dump.stdout
+    r = configure("containerd", "--config", str(path), "--remove")
+    assert r.returncode == 0 and f"no longer has 'sandbox' ({SANDBOX})" in r.stdout, r
+    assert path.read_text() == DEBIAN_CONTAINERD
+
+
+@pytest.mark.parametrize("engine,original", [
+    ("docker", '{"debug": true, "runtimes": {"other": {"path": "/x"}}}\n'),
+    ("docker", '{"log-level": "warn"}\n'),
+    ("podman", '# ours\n[engine]\ncgroup_manager = "cgroupfs"  # kept\n'),
+    ("podman", ""),
+    ("containerd", DEBIAN_CONTAINERD),
+    ("containerd", 'version = 2\n# a comment\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+                   '  runtime_type = "io.containerd.runc.v2"\n'),
+])
+@pytest.mark.parametrize("default", [False, True])
+def test_remove_takes_out_what_configure_added(engine, original, default, tmp_path):
+    """configure, then configure --remove: the file as it was (docker's: the same JSON; a
+    containerd default set back to runc, containerd's own), FILE.bak (the file from before
+    configure) left as it is, a second --remove changes nothing, and a runtime that names
+    another executable is never taken out."""
+    path = tmp_path / "conf"
+    path.write_text(original)
+    assert configure(engine, "--config", str(path), *(["--default"] if default else [])).returncode == 0
+    assert configure(engine, "--config", str(path), "--remove", "--path", "/other/sandbox").stdout.endswith(
+        "nothing changed\n")
+    r = configure(engine, "--config", str(path), "--remove")
+    assert r.returncode == 0 and "no longer has 'sandbox'" in r.stdout, r
+    if engine == "docker":
+        assert json.loads(path.read_text()) == json.loads(original)
+    elif engine == "containerd" and default:  # (containerd's own default, runc, written out)
+        import tomllib
+
+        got = tomllib.loads(path.read_text())
+        containerd = got["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+        assert containerd.pop("default_runtime_name") == "runc", got
+        if not containerd:
+            del got["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+        assert got == tomllib.loads(original)
+    else:
+        assert path.read_text() == original
+    assert (tmp_path / "conf.bak").read_text() == original
+    again = configure(engine, "--config", str(path), "--remove")
+    assert again.returncode == 0 and again.stdout.endswith("nothing changed\n"), again
+
+
 def test_containerd_refuses_a_version_1_config(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text('[plugins.cri]\n  sandbox_image = "x"\n')
