@@ -119,26 +119,24 @@ def _noted(kind: str, path: str, answer: Any) -> None:
         _current.note(kind, path, answer)
 
 
+def _stat(kind: str, how, path: str) -> os.stat_result:
+    try:
+        st = how(path)
+    except OSError as e:
+        _noted(kind, path, e.errno or -1)
+        raise
+    _noted(kind, path, key(st))
+    return st
+
+
 def lstat(path: str) -> os.stat_result:
     """os.lstat, noted."""
-    try:
-        st = os.lstat(path)
-    except OSError as e:
-        _noted("lstat", path, e.errno or -1)
-        raise
-    _noted("lstat", path, key(st))
-    return st
+    return _stat("lstat", os.lstat, path)
 
 
 def stat_(path: str) -> os.stat_result:
     """os.stat, noted."""
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        _noted("stat", path, e.errno or -1)
-        raise
-    _noted("stat", path, key(st))
-    return st
+    return _stat("stat", os.stat, path)
 
 
 def listdir(path: str) -> list[str]:
