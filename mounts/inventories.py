@@ -51,7 +51,7 @@ def inventory(root: str = "/", dev_root: str | None = None,
     with reads.recording() as answers:
         found = discover(root, dev_root, search_path)
     if answers.settled:
-        _kept[key] = found, answers
+        _keep(key, found, answers)
         if REPORT is not None:
             _report(REPORT, Kept(key, found, [(k, p, a) for (k, p), a in answers.answers.items()]))
     else:
@@ -60,7 +60,10 @@ def inventory(root: str = "/", dev_root: str | None = None,
 
 
 def _report(sock: socket.socket, kept: Kept) -> None:
-    data = msgspec.msgpack.encode(kept)
+    try:
+        data = msgspec.msgpack.encode(kept)
+    except ValueError:  # (a file name that is no UTF-8, a lone surrogate in a listing: not kept there)
+        return
     if len(data) <= MAX_MESSAGE:
         try:
             sock.send(data, socket.MSG_DONTWAIT)
@@ -79,11 +82,23 @@ def receive(sock: socket.socket) -> None:
             return
         try:
             kept = msgspec.msgpack.decode(data, type=Kept)
-        except msgspec.ValidationError:
+        except (msgspec.DecodeError, ValueError):  # (never a reason for the server to stop)
             continue
         answers = reads.Reads()
         answers.answers = {(k, p): tuple(a) if isinstance(a, list) else a for k, p, a in kept.answers}
-        _kept[tuple(kept.key)] = kept.inventory, answers  # type: ignore[index]
+        if ("stat", kept.key[0]) not in answers.answers:  # (a discovery notes its root first: else no report of ours)
+            continue
+        _keep(tuple(kept.key), kept.inventory, answers)  # type: ignore[arg-type]
+
+
+MAX_KEPT = 16  # driver roots (and PATHs) kept at once: the oldest goes first
+
+
+def _keep(key: Key, found: Inventory, answers: reads.Reads) -> None:
+    _kept.pop(key, None)
+    _kept[key] = found, answers
+    while len(_kept) > MAX_KEPT:
+        del _kept[next(iter(_kept))]
 
 
 def report_pair() -> tuple[socket.socket, socket.socket]:

@@ -40,6 +40,7 @@ class Reads:
         self.answers: dict[tuple[str, str], Any] = {}
         self.started = time.time_ns()
         self.newest = 0  # the newest ctime among the answers (ns)
+        self.unsure = False  # a question whose answer says nothing (a large /proc text's stat)
 
     def note(self, kind: str, path: str, answer: Any) -> None:
         self.answers.setdefault((kind, path), answer)
@@ -49,7 +50,7 @@ class Reads:
     @property
     def settled(self) -> bool:
         """No answer came from a file changed within RACY seconds of the recording."""
-        return self.newest < self.started - int(RACY * 1e9)
+        return not self.unsure and self.newest < self.started - int(RACY * 1e9)
 
     def unchanged(self) -> bool:
         """Whether every question gets the same answer now."""
@@ -188,4 +189,6 @@ def opened(path: str, fd: int, data: bytes | None = None) -> None:
     if data is not None and stat.S_ISREG(st.st_mode) and len(data) <= MAX_TEXT:
         _noted("text", path, data)
     else:
+        if data is not None and len(data) != st.st_size:  # (/proc's: its stat would show no change)
+            _current.unsure = True
         _noted("lstat", path, key(st))

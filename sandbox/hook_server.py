@@ -174,7 +174,7 @@ def serve(args, main) -> int:
                     with conn:
                         if _has_request(conn):
                             inventories.receive(reports)  # (what children sent since: never waited for)
-                            _fork_child(conn, [listener, *(c for c, _ in waiting.values())], wake, main)
+                            _fork_child(conn, [listener, reports, *(c for c, _ in waiting.values())], wake, main)
                 elif fd == wake[0]:  # (emptied: the handlers themselves run between bytecodes)
                     try:
                         while os.read(wake[0], 256):

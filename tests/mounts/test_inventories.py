@@ -136,3 +136,47 @@ def test_a_child_reports_to_its_server(root, monkeypatch):
     assert kept and found.version
     ours.close()
     theirs.close()
+
+
+def test_a_name_that_is_no_utf8_is_discovered_not_reported(root, monkeypatch):
+    """A listing with an undecodable name (a lone surrogate for msgpack): the child's own
+    discovery stands, it only goes unreported (it used to raise)."""
+    platforms = os.path.join(root, "usr/share/egl/egl_external_platform.d")
+    os.makedirs(platforms, exist_ok=True)
+    open(os.fsencode(platforms) + b"/caf\xe9.conf", "w").close()
+    ours, theirs = inventories.report_pair()
+    monkeypatch.setattr(inventories, "REPORT", theirs)
+    try:
+        assert inventories.inventory(root)[0].version
+        monkeypatch.setattr(inventories, "_kept", {})
+        inventories.receive(ours)
+        assert inventories._kept == {}
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_the_server_keeps_only_reports_of_a_discovery(root):
+    """A datagram that is no msgpack, or a report whose answers never asked about its root
+    (it would be 'unchanged' for good), is dropped; the server goes on."""
+    import msgspec
+
+    found, _ = inventories.inventory(root)
+    inventories._kept.clear()
+    ours, theirs = inventories.report_pair()
+    try:
+        theirs.send(b"\xc1")
+        theirs.send(msgspec.msgpack.encode(inventories.Kept((root, "", "", ""), found, [])))
+        inventories.receive(ours)
+        assert inventories._kept == {}
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_at_most_max_kept_roots(root, monkeypatch):
+    monkeypatch.setattr(inventories, "MAX_KEPT", 2)
+    for path in (root, root + "/", root + "/."):
+        inventories.inventory(path)
+    assert list(inventories._kept) == [(root + "/", "", "", os.environ.get("PATH", "")),
+                                       (root + "/.", "", "", os.environ.get("PATH", ""))]
