@@ -138,7 +138,7 @@ class ChildStart(msgspec.Struct, frozen=True):
 def _fresh_child(start: ChildStart) -> None:
     """C, forked from `sandbox exec` (which holds its caller's command line, parsed): a fresh
     interpreter first, so that nothing of it is in G's memory while G sits in the container's
-    pid namespace, where a ptracer could read it. Its start in a sealed memfd. Never returns."""
+    pid namespace, where a ptracer could read it. Its start in a memfd. Never returns."""
     from gofer.fresh import exec_fresh
 
     try:
