@@ -394,18 +394,12 @@ def hook_actions(links: list[str], files: list[str], cache_entries: list[str]) -
     return actions
 
 
-def spec_hook_actions(hooks) -> list:
-    """hook_actions of every one of our CDI spec's hooks in a bundle's ``hooks`` (mounts.spec
-    Hooks; Hooks.ours() drops them from what is run)."""
-    from mounts.spec import cdi_hook_args
-
+def spec_hook_actions(hook_args: list[list[str]]) -> list:
+    """hook_actions of our CDI spec's hooks, given their arguments (mounts.spec Hooks.cdi_args)."""
     actions: list = []
-    for field in hooks.__struct_fields__ if hooks is not None else ():
-        for hook in getattr(hooks, field):
-            args = cdi_hook_args(hook)
-            if args is not None:
-                given: dict[str, list[str]] = {"--link": [], "--file": [], "--cache-entry": []}
-                for flag, value in zip(args[::2], args[1::2], strict=False):
-                    given[flag].append(value)
-                actions += hook_actions(given["--link"], given["--file"], given["--cache-entry"])
+    for args in hook_args:
+        given: dict[str, list[str]] = {"--link": [], "--file": [], "--cache-entry": []}
+        for flag, value in zip(args[::2], args[1::2], strict=True):  # (cdi_hook_args: flags and values)
+            given[flag].append(value)
+        actions += hook_actions(given["--link"], given["--file"], given["--cache-entry"])
     return actions

@@ -131,6 +131,10 @@ class Hooks(_S, frozen=True):
         return Hooks(*[[h for h in getattr(self, f) if not is_nvidia_hook(h) and cdi_hook_args(h) is None]
                        for f in self.__struct_fields__])
 
+    def cdi_args(self) -> list[list[str]]:
+        """cdi_hook_args of each of our own CDI spec's hooks, in every list (ours() drops them)."""
+        return [args for f in self.__struct_fields__ for h in getattr(self, f) if (args := cdi_hook_args(h)) is not None]
+
     def has_nvidia(self) -> bool:
         return any(is_nvidia_hook(h) for f in self.__struct_fields__ for h in getattr(self, f))
 

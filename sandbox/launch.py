@@ -132,9 +132,11 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
 
                     warn(w)
                 assert spec.process is not None  # (CDI edits keep it)
-                from mounts.cdi import spec_hook_actions
+                cdi_actions = []  # our CDI spec's hooks (an engine's CDI injection): done natively
+                if spec.hooks is not None and (cdi_args := spec.hooks.cdi_args()):
+                    from mounts.cdi import spec_hook_actions
 
-                cdi_actions = spec_hook_actions(spec.hooks)  # (an engine's CDI injection: done natively)
+                    cdi_actions = spec_hook_actions(cdi_args)
                 if spec.process.terminal and opts.detached and not opts.console_socket:
                     raise BundleError(f"{bundle.path}/config.json: process.terminal is set: a detached "
                                       "container needs --console-socket to hand its terminal to")

@@ -135,6 +135,6 @@ def test_our_cdi_hook_is_done_natively_and_no_other():
     assert cdi_hook_args(ours) == ours.args[8:] and cdi_hook_args(foreign) is None and cdi_hook_args(odd) is None
     hooks = Hooks(create_runtime=[ours, foreign])
     assert hooks.ours().create_runtime == [foreign]
-    actions = spec_hook_actions(hooks)
+    actions = spec_hook_actions(hooks.cdi_args())
     assert actions[0] == A.Symlink("libcuda.so.1", "/usr/lib/libcuda.so")
     assert isinstance(actions[1], A.LdCache) and actions[1].entries[0].flags == 0x303
