@@ -429,6 +429,7 @@ def test_a_foreground_runs_launcher_keeps_its_own_oom_score_adj(mode, warm, make
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not any(_comm(c) == "sleep" for c in _descendants(p.pid)):
             time.sleep(0.02)
+        assert any(_comm(c) == "sleep" for c in _descendants(p.pid)), "the container never ran"
         with open(f"/proc/{p.pid}/oom_score_adj") as f:
             launcher_oom = f.read().strip()
         out, err = p.communicate(timeout=30)

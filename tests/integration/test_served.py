@@ -865,15 +865,16 @@ def test_a_container_being_created_is_not_killed_or_deleted(server, shared_cgrou
     once) read as a stopped container, and every member of the cgroup was killed."""
     path, log, _ = server
     where, host = shared_cgroup
-    mark = tmp_path / "hook-runs"
+    mark, hold = tmp_path / "hook-runs", tmp_path / "hold"  # (the hook waits until the test is done with it)
     bundle = make_bundle(["sleep", "300"], hooks={"prestart": [{"path": "/bin/sh", "args": [
-        "sh", "-c", f"touch {mark}; sleep 3"]}]})
+        "sh", "-c", f"touch {mark}; i=0; while test -e {hold} && [ $i -lt 1500 ]; do sleep 0.02; i=$((i+1)); done"]}]})
     spec = json.loads((bundle / "config.json").read_text())
     spec["linux"]["cgroupsPath"] = where
     (bundle / "config.json").write_text(json.dumps(spec))
     root = tmp_path / "state"
     for cid, server_path in (("b-py", ""), ("b-warm", path)):
         out = tmp_path / f"{cid}.out"
+        hold.touch()
         with open(out, "w") as f:
             create = subprocess.Popen([str(LAUNCHER), "--root", str(root), "create", "-b", str(bundle), cid],
                                       stdin=subprocess.DEVNULL, stdout=f, stderr=f,
@@ -889,6 +890,7 @@ def test_a_container_being_created_is_not_killed_or_deleted(server, shared_cgrou
                                     ["delete", "--force", cid]) for how in ("", path)]
             assert host.poll() is None, "the host's process was killed"
             assert create.poll() is None, out.read_text()
+            hold.unlink()
             for args, how, r in answers:
                 assert r.returncode == 1 and r.stderr == f"sandbox {args[0]}: container does not exist yet: " \
                     f"{cid!r} is being created (under {root})\n", (cid, args, how, r.stderr)
@@ -902,6 +904,7 @@ def test_a_container_being_created_is_not_killed_or_deleted(server, shared_cgrou
             verb("", "--root", root, "delete", "--force", cid)
         assert host.poll() is None, "the host's process was killed"
     # a create that died before its init was known: a stopped container, deleted without a signal
+    hold.touch()
     with open(tmp_path / "k.out", "w") as f:
         create = subprocess.Popen([str(LAUNCHER), "--root", str(root), "create", "-b", str(bundle), "k"],
                                   stdin=subprocess.DEVNULL, stdout=f, stderr=f, env=dict(os.environ, SANDBOX_SERVER=""))
@@ -911,6 +914,7 @@ def test_a_container_being_created_is_not_killed_or_deleted(server, shared_cgrou
         time.sleep(0.02)
     create.kill()
     create.wait()
+    hold.unlink()
     assert json.loads(verb("", "--root", root, "state", "k").stdout)["status"] == "stopped"
     r = verb("", "--root", root, "kill", "k", "KILL")
     assert r.returncode == 1 and "container not running" in r.stderr, r.stderr
