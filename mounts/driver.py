@@ -183,6 +183,8 @@ def _cache_version(cache: list[ldcache.Entry], resolver: Resolver) -> tuple[str,
     """(version, file) of the first cache entry whose file is libcuda.so.<v> or
     libnvidia-ml.so.<v>: None when the cache lists no driver."""
     for e in cache:
+        if not _drivers_key(e.key):
+            continue
         found = _resolve_lib(resolver, e)
         m = _LIB_VERSION_RE.match(found[0].rpartition("/")[2]) if found else None
         if m and found:
@@ -383,6 +385,13 @@ def _number_in(name: str) -> tuple[int, str]:
 _NVIDIA_KEY = re.compile(r"lib(?:cuda|nv|.*nvidia)")
 
 
+def _drivers_key(key: str) -> bool:
+    """Whether a cache entry's name may be one of the driver's (catalog.LIBRARIES' names and
+    the EGL platform libraries all are): a host's cache lists 1,000-3,000 libraries, and only
+    these are resolved (and noted, for a kept inventory to ask again)."""
+    return bool(_NVIDIA_KEY.match(key)) or key in catalog.EGL_PLATFORM_LIBS
+
+
 def _resolve_lib(resolver: Resolver, e: ldcache.Entry) -> tuple[str, int] | None:
     """The file a cache entry names. A link loop is an error for a driver library (it would
     be dropped from every container without a word) and a skip for anything else."""
@@ -403,6 +412,8 @@ def _libraries(cache: list[ldcache.Entry], version: str, resolver: Resolver) -> 
     elf: dict[str, tuple[str | None, tuple[str, ...], str | None]] = {}
     suffix = "." + version
     for e in cache:
+        if not _drivers_key(e.key):
+            continue
         found = _resolve_lib(resolver, e)
         if found is None or (e.key, e.flags) in seen:
             continue

@@ -70,3 +70,14 @@ def test_missing_driver(tmp_path):
     shutil.copy("/etc/ld.so.cache", tmp_path / "etc/ld.so.cache")
     with pytest.raises(DriverError, match="no NVIDIA driver found"):
         discover(str(tmp_path))
+
+
+def test_every_library_of_the_catalog_is_a_drivers_key():
+    """Discovery resolves only cache entries whose names may be the driver's: a library the
+    catalog names must never be among those skipped."""
+    from mounts import catalog
+    from mounts.driver import _drivers_key
+
+    names = [n for group in catalog.LIBRARIES.values() for n in group] + list(catalog.EGL_PLATFORM_LIBS)
+    assert names and [n for n in names if not _drivers_key(n)] == []
+    assert not _drivers_key("libc.so.6") and not _drivers_key("libz.so.1")
