@@ -486,13 +486,12 @@ static int started_id(const char *reply, char *id, size_t n) {
 
 /* Where we were before the container's namespaces (remove_container's way back): our
  * namespaces (the mount namespace last: the others are named through /proc), our cwd (a
- * relative --root is the caller's), our oom_score_adj (the container's is ours now). */
+ * relative --root is the caller's). (Our oom_score_adj is ours again once pid 1 is forked.) */
 static const struct { const char *name; int flag; } host_ns[] = {
     {"pid", CLONE_NEWPID}, {"net", CLONE_NEWNET}, {"ipc", CLONE_NEWIPC}, {"uts", CLONE_NEWUTS},
     {"cgroup", CLONE_NEWCGROUP}, {"mnt", CLONE_NEWNS}};
 #define N_HOST (int)(sizeof host_ns / sizeof host_ns[0])
 static int host_fds[N_HOST + 1] = {-1, -1, -1, -1, -1, -1, -1}; /* and the cwd, last */
-static char host_oom[16];
 
 static void keep_host(void) {
     char path[64];
@@ -501,22 +500,13 @@ static void keep_host(void) {
         host_fds[i] = open(path, O_RDONLY | O_CLOEXEC);
     }
     host_fds[N_HOST] = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    int fd = open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC);
-    ssize_t r = fd >= 0 ? read(fd, host_oom, sizeof host_oom - 1) : -1;
-    host_oom[r > 0 ? r : 0] = '\0';
-    if (fd >= 0) close(fd);
-}
-
-static void close_host(void) {
-    for (int i = 0; i <= N_HOST; i++)
-        if (host_fds[i] >= 0) close(host_fds[i]), host_fds[i] = -1;
 }
 
 /* `sandbox [the run's global options] delete ID`, this program again (the server serves
  * it, else its Python does): the container's removal where the server's process that would
  * have done it is gone. We are in the container's namespaces (pivot_root took our root
  * along; our children would be in its dead pid namespace): the child is forked into our pid
- * namespace, goes back into the others, our cwd and oom_score_adj, and execs. Not --force:
+ * namespace, goes back into the others and our cwd, and execs. Not --force:
  * a container of the same id made since (by an engine that deleted ours) is running, and
  * is refused, not killed. */
 static void remove_container(char **argv, int verb_at, const char *id) {
@@ -536,9 +526,6 @@ static void remove_container(char **argv, int verb_at, const char *id) {
                         strerror(errno));
                 _exit(127);
             }
-        int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-        if (fd >= 0 && host_oom[0]) (void)!write(fd, host_oom, strlen(host_oom));
-        if (fd >= 0) close(fd);
         if (host_fds[N_HOST] >= 0 && fchdir(host_fds[N_HOST]) == 0) execv("/proc/self/exe", args);
         fprintf(stderr, "sandbox run: cannot remove container %s: %s\n", id, strerror(errno));
         _exit(127);
@@ -578,7 +565,8 @@ static int wait_and_report(int s, pid_t init, const char *id, char **argv, int v
  * container, where anyone may read its cmdline (runc's init shows "runc init"). */
 static void hide_command_line(char **argv) {
     static const char name[] = "sandbox-init";
-    size_t room = argv[0] ? strlen(argv[0]) : 0;
+    size_t room = 0; /* the whole argument area (argv's strings lie end to end) */
+    for (char **a = argv; *a; a++) room = (size_t)(*a + strlen(*a) - argv[0]);
     for (char **a = argv; *a; a++) explicit_bzero(*a, strlen(*a));
     for (char **e = environ; *e; e++) explicit_bzero(*e, strlen(*e));
     if (room >= sizeof name - 1) memcpy(argv[0], name, sizeof name - 1);
@@ -680,6 +668,7 @@ static void init_process(int chan) {
 int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char **argv, int verb_at) {
     const char *verb = argv[verb_at];
     static struct plan pl; /* (its tables are large; this process makes one) */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* before any namespace of the container's (pid 1 inherits it) */
     if (parse(&pl, buf, n, fds, nfds) < 0 || !pl.clone) {
         fprintf(stderr, "sandbox %s: the server's plan is not one this launcher reads (rebuild both)\n", verb);
         return 1;
@@ -716,11 +705,9 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char *
         snprintf(report, sizeof report, "err 1 socketpair: %s\n", strerror(errno));
     if (!report[0] && (init = fork()) < 0)
         snprintf(report, sizeof report, "err 1 fork: %s\n", strerror(errno));
-    if (init == 0) { /* everything past the engine's --preserve-fds closed, not only flagged: it waits long */
-        close_host(); /* (ours, in a gap of those: the host's namespaces and cwd, the server's */
-        close(s);     /*  connection, the other end of the channel) */
-        close(chan[0]);
-        close_except(3 + (unsigned)pl.preserve, &chan[1], 1);
+    if (init == 0) { /* everything but the engine's --preserve-fds closed, not only flagged: it waits long */
+        close_except(3 + (unsigned)pl.preserve, &chan[1], 1); /* (ours too: the host's namespaces and
+                                                               * cwd, the server's connection, chan[0]) */
         hide_command_line(argv);
         init_process(chan[1]);
     }

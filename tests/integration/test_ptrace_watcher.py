@@ -188,6 +188,12 @@ def test_a_created_init_of_the_launchers_shows_no_host_file(make_bundle, tmp_pat
             # its command line (world-readable) and environment are the engine's: blanked
             assert Path(f"/proc/{init}/cmdline").read_bytes().rstrip(b"\0") == b"sandbox-init"
             assert not Path(f"/proc/{init}/environ").read_bytes().strip(b"\0")
+            # ... whatever argv[0] the engine gave (the whole argument area holds the name)
+            assert subprocess.run(["sandbox", "--root", str(tmp_path / "s"), "create", "-b", str(bundle), "c2"],
+                                  executable=engines.SANDBOX, **quiet).returncode == 0
+            init2 = json.loads(subprocess.run([*cli, "state", "c2"], capture_output=True, text=True).stdout)["pid"]
+            assert Path(f"/proc/{init2}/cmdline").read_bytes().rstrip(b"\0") == b"sandbox-init"
+            subprocess.run([*cli, "delete", "--force", "c2"], **quiet)
             r = subprocess.run([*cli, "exec", "-d", "c", "/w/watcher", "/w/out", "/w/stop", "/w/mark"], **quiet)
             assert r.returncode == 0
             deadline = time.monotonic() + 20
