@@ -85,26 +85,12 @@ READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysr
 # --- the CRI API's stubs ----------------------------------------------------------------
 
 
-def _unpacked(root: Path, packages: list[str]) -> tuple[Path, Path]:
-    """(a fresh directory for ``root``, the .debs in it): ``packages`` of CRI_SUITE fetched
-    through the private apt configuration and unpacked there with dpkg -x."""
-    tmp = fixtures._fresh(root)
-    debs = tmp / "debs"
-    debs.mkdir()
-    opts = fixtures.apt_options(CRI_SUITE)
-    fixtures.run("apt-get", *opts, "update")
-    fixtures.run("apt-get", *opts, "download", *packages, cwd=debs)
-    for deb in sorted(debs.glob("*.deb")):
-        fixtures.run("dpkg", "-x", deb, tmp)
-    return tmp, debs
-
-
 def cri_api_source() -> Path:
     """The unpacked packages: ``<dir>/usr/share/gocode/src/k8s.io/cri-api/...``."""
     root = CACHE / f"cri-api-src-v{STUBS_REV}"
     if fixtures._done(root):
         return root
-    tmp, debs = _unpacked(root, CRI_DEBS)
+    tmp, debs = fixtures.unpacked_debs(root, CRI_DEBS, CRI_SUITE)
     version = subprocess.run(["dpkg-deb", "-f", next(debs.glob("golang-github-kubernetes-cri-api-dev_*.deb")),
                               "Version"], capture_output=True, text=True, check=True).stdout.strip()
     (tmp / ".version").write_text(version + "\n")
@@ -145,7 +131,7 @@ def containerd_17() -> Path:
     root = CACHE / f"containerd-1.7-v{CONTAINERD_REV}"
     if fixtures._done(root):
         return root
-    tmp, debs = _unpacked(root, ["containerd"])
+    tmp, debs = fixtures.unpacked_debs(root, ["containerd"], CRI_SUITE)
     deb, = debs.glob("containerd_*.deb")
     shutil.rmtree(debs)
     version = subprocess.run([tmp / "usr/bin/containerd", "--version"], capture_output=True, text=True)

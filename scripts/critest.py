@@ -89,14 +89,7 @@ def go_root() -> Path:
     root = CACHE / f"go-1.23-v{GO_REV}"
     if not fixtures._done(root):
         say("fetching Go 1.23 (bookworm-backports)")
-        tmp = fixtures._fresh(root)
-        debs = tmp / "debs"
-        debs.mkdir()
-        opts = fixtures.apt_options(GO_SUITE)
-        fixtures.run("apt-get", *opts, "update")
-        fixtures.run("apt-get", *opts, "download", *GO_DEBS, cwd=debs)
-        for deb in sorted(debs.glob("*.deb")):
-            fixtures.run("dpkg", "-x", deb, tmp)
+        tmp, debs = fixtures.unpacked_debs(root, GO_DEBS, GO_SUITE)
         shutil.rmtree(debs)
         fixtures._finish(tmp, root)
     goroot = root / "usr/lib/go-1.23"

@@ -196,6 +196,21 @@ def _download(name: str, wanted) -> Path:
     return debs
 
 
+def unpacked_debs(root: Path, packages: list[str], suite: str | None = None) -> tuple[Path, Path]:
+    """(a fresh directory for ``root``, the .debs in it): ``packages`` of ``suite`` fetched
+    through the private apt configuration and unpacked there with dpkg -x (never installed);
+    the caller takes what it needs, removes the debs and _finish-es it."""
+    tmp = _fresh(root)
+    debs = tmp / "debs"
+    debs.mkdir()
+    opts = apt_options(suite)
+    run("apt-get", *opts, "update")
+    run("apt-get", *opts, "download", *packages, cwd=debs)
+    for deb in sorted(debs.glob("*.deb")):
+        run("dpkg", "-x", deb, tmp)
+    return tmp, debs
+
+
 def download_debs() -> Path:
     def wanted(opts):
         version = _deb_version(opts)

@@ -82,3 +82,16 @@ def make_bundle(tmp_path, rootfs_debian):
 
 def root_required():
     return pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mounts, namespaces)")
+
+
+@pytest.fixture
+def driver_copy(tmp_path, driver_root) -> Path:
+    """The fixture driver root's etc, usr, lib, proc and dev as hard links under tmp_path: a
+    test replaces files there (never writes through a link: the shared fixture stays whole)."""
+    import subprocess
+
+    copy = tmp_path / "driver"
+    copy.mkdir()
+    for d in ("etc", "usr", "lib", "proc", "dev"):
+        subprocess.run(["cp", "-al", str(driver_root / d), str(copy / d)], check=True)
+    return copy

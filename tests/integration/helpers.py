@@ -83,3 +83,49 @@ def runc_run(bundle, state_dir, name: str) -> subprocess.CompletedProcess:
     """`runc run` of the same bundle, for side-by-side checks."""
     return subprocess.run(["runc", "--root", str(state_dir), "run", "-b", str(bundle), name],
                           capture_output=True, text=True, timeout=60)
+
+
+def stand_in(path, replies: list[bytes]):
+    """A root server of one connection standing in for the warm one at ``path``: it reads the
+    launcher's request (closing the stdio fds sent with it), sends the first of ``replies``,
+    then each next one once the launcher has said something, and hangs up. Its thread."""
+    import socket
+    import threading
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn, listener:
+            _data, ancillary, _, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(12))
+            for _level, _kind, fds in ancillary:  # the launcher's stdio: held, its pipes never end
+                for i in range(0, len(fds), 4):
+                    os.close(int.from_bytes(fds[i:i + 4], "little"))
+            for n, reply in enumerate(replies):
+                if n and not conn.recv(4096):
+                    return
+                conn.send(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+def processes_naming(base) -> list[int]:
+    """Live processes (not zombies, not us) whose command line names ``base``: what a test's
+    engines, shims, conmon, gofers or nodes left running (each is given a path of the test's;
+    the host's other processes, another session's engines among them, are not counted)."""
+    needle = str(base).encode()
+    pids = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                zombie = f.read().rpartition(") ")[2][0] == "Z"
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if needle in f.read() and not zombie and int(name) != os.getpid():
+                    pids.append(int(name))
+        except (OSError, ValueError):
+            pass
+    return pids

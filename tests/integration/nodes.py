@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import mount_table
+from tests.integration.helpers import mount_table, processes_naming
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -113,14 +113,4 @@ def left_behind(base: Path, mounts_before: list) -> list[str]:
     """Mounts below ``base`` that were not there before, and live processes whose command line
     names it (the node's nspawn, podman's conmon, a shim): none once a test has cleaned up."""
     found = [f"mount {m}" for m in set(mount_table()) - set(mounts_before) if m[0].startswith(str(base))]
-    needle = str(base).encode()
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                zombie = f.read().rpartition(") ")[2][0] == "Z"
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                if needle in f.read() and not zombie and int(name) != os.getpid():
-                    found.append(f"process {name}")
-        except (OSError, ValueError):
-            pass
-    return found
+    return found + [f"process {pid}" for pid in processes_naming(base)]

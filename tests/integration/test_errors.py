@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sandbox import cli
-from tests.integration.helpers import alive, children, create, mount_table, sandbox, tree
+from tests.integration.helpers import alive, children, create, mount_table, sandbox, stand_in, tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -520,33 +520,6 @@ def test_a_negative_preserve_fds_starts_nothing(mode, warm, make_bundle, tmp_pat
         launcher("python", warm, "--root", root, "delete", "--force", live)
 
 
-def _plan_server(path: Path, plan: bytes):
-    """A root server of one connection standing in for the warm one: it answers exec's
-    request with ``plan`` (sandbox/frontend.c's records, no fds), then the launcher's report
-    with exit code 0."""
-    import socket
-    import threading
-
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(str(path))
-    listener.listen(1)
-
-    def serve():
-        conn, _ = listener.accept()
-        with conn, listener:
-            _data, ancillary, _, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(12))
-            for _level, _kind, fds in ancillary:  # the launcher's stdio
-                for i in range(0, len(fds), 4):
-                    os.close(int.from_bytes(fds[i:i + 4], "little"))
-            conn.send(plan)
-            if conn.recv(4096):
-                conn.send(b'{"code": 0}')
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return thread
-
-
 @pytest.mark.parametrize("preserve", ["-4", "-1", "x", "", "0"])
 def test_the_launcher_refuses_a_negative_preserve_in_a_plan(preserve, tmp_path):
     """frontend.c read "preserve N" with atoi: -4 kept every fd past stdio (3 + (unsigned)-4).
@@ -556,7 +529,7 @@ def test_the_launcher_refuses_a_negative_preserve_in_a_plan(preserve, tmp_path):
     marker = tmp_path / "ran"
     plan = b"".join(r.encode() + b"\0" for r in ["plan 1", "detach 1", f"preserve {preserve}".rstrip(),
                                                   "arg /bin/sh", "arg -c", f"arg touch {marker}"])
-    thread = _plan_server(tmp_path / "s.sock", plan)
+    thread = stand_in(tmp_path / "s.sock", [plan, b'{"code": 0}'])  # (the plan, then the code for the report)
     r = subprocess.run([str(LAUNCHER), "--root", str(tmp_path / "state"), "exec", "x", "true"], capture_output=True,
                        text=True, timeout=30, env=dict(os.environ, SANDBOX_SERVER=str(tmp_path / "s.sock")),
                        stdin=subprocess.DEVNULL)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration import helpers
 from tests.integration.helpers import alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
@@ -121,29 +122,9 @@ def test_another_mount_namespace_is_not_served(server, tmp_path):
 
 
 def stand_in(tmp_path, answer: bytes | None):
-    """A root server of one connection that reads the request, sends ``answer`` (if any)
-    and hangs up; returns its socket path and thread."""
-    import socket
-    import threading
-
+    """helpers.stand_in at the test's socket, sending ``answer`` (if any): (its path, its thread)."""
     path = tmp_path / "stand-in.sock"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(str(path))
-    listener.listen(1)
-
-    def serve():
-        conn, _ = listener.accept()
-        with conn, listener:
-            _data, ancillary, _, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(12))
-            for _level, _kind, fds in ancillary:  # the launcher's stdio: held, its pipes never end
-                for i in range(0, len(fds), 4):
-                    os.close(int.from_bytes(fds[i:i + 4], "little"))
-            if answer is not None:
-                conn.send(answer)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return path, thread
+    return path, helpers.stand_in(path, [answer] if answer is not None else [])
 
 
 @pytest.mark.parametrize("answer", [None, b'{"fallback": "busy"}'])

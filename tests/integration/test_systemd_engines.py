@@ -204,31 +204,12 @@ if __name__ == "__main__" and sys.argv[1:2] == ["inside"]:
 import fixtures  # noqa: E402
 import pytest  # noqa: E402
 
-from tests.integration.helpers import mount_table  # noqa: E402
+from tests.integration.helpers import mount_table, processes_naming  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root"),
               pytest.mark.skipif(not os.path.exists("/lib/systemd/systemd"), reason="needs systemd installed")]
 
 BINARIES = {"podman": "podman", "docker": "dockerd", "containerd": "containerd", "cri": "containerd"}
-
-
-def _processes_of(base: Path) -> list[int]:
-    """Live processes whose command line names ``base`` (the engines, shims, conmon, gofers:
-    each is given a path of ours). (Not the host's other processes: another session's engines
-    may come and go meanwhile.) What runs in the containers is in systemd-host's pid
-    namespace, which ends with its systemd."""
-    needle = str(base).encode()
-    pids = []
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                zombie = f.read().rpartition(") ")[2][0] == "Z"
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                if needle in f.read() and not zombie and int(name) != os.getpid():
-                    pids.append(int(name))
-        except (OSError, ValueError):
-            pass
-    return pids
 
 
 def _new_mounts(before: list, base: Path) -> list:
@@ -256,7 +237,7 @@ def _under_systemd(name: str, base: Path, driver_root: Path) -> dict:
     assert r.returncode == 0, f"rc={r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-6000:]}"
     assert "systemd-host: could not remove" not in r.stderr, r.stderr[-3000:]
     assert _new_mounts(before, base) == [], f"{name} left mounts behind"
-    assert _processes_of(base) == [], f"{name} left processes behind"
+    assert processes_naming(base) == [], f"{name} left processes behind"
     lines = [line for line in r.stdout.splitlines() if line.startswith(RESULT)]
     assert lines, r.stdout[-3000:]
     return json.loads(lines[-1][len(RESULT):])

@@ -316,19 +316,11 @@ def test_the_search_never_reads_a_fifo_and_a_cache_without_the_driver_is_searche
         discover(str(root), str(dev))
 
 
-def _debian_copy(tmp_path, driver_root):
-    user = tmp_path / "driver"
-    user.mkdir()
-    for d in ("etc", "usr", "lib", "proc", "dev"):  # hard links: files are replaced, never written through
-        subprocess.run(["cp", "-al", str(driver_root / d), str(user / d)], check=True)
-    return user
-
-
-def test_xorg_modules_of_debians_flavour_packages(tmp_path, driver_root, make_bundle):
+def test_xorg_modules_of_debians_flavour_packages(tmp_path, driver_root, driver_copy, make_bundle):
     """Debian's tesla flavours keep the modules in /usr/lib/nvidia/<flavour>/: the one whose
     GLX module is of this driver is taken (another flavour's, of another version, never),
     bound where Xorg looks."""
-    user = _debian_copy(tmp_path, driver_root)
+    user = driver_copy
     nv = user / "usr/lib/nvidia"
     for link in (user / "usr/lib/xorg/modules/drivers/nvidia_drv.so",
                  user / "usr/lib/xorg/modules/extensions/libglxserver_nvidia.so"):

@@ -340,25 +340,17 @@ def test_a_mig_directory_link_is_resolved_inside_the_dev_root(tmp_path):
     assert [(m.gi, m.ci, m.ci_cap) for m in discover(str(root)).migs] == [(1, 1, 14)]
 
 
-def _driver_copy(tmp_path, driver_root):
-    user = tmp_path / "driver"
-    user.mkdir()
-    for d in ("etc", "usr", "lib", "proc", "dev"):  # hard links: files are replaced, never written through
-        subprocess.run(["cp", "-al", str(driver_root / d), str(user / d)], check=True)
-    return user
-
-
 def _replace(path, data: bytes):
     path.unlink()
     path.write_bytes(data)
 
 
-def test_discovery_reads_the_loaders_files_inside_the_driver_root(tmp_path, driver_root, make_bundle):
+def test_discovery_reads_the_loaders_files_inside_the_driver_root(tmp_path, driver_root, driver_copy, make_bundle):
     """The loaders' files are read by discovery (the plan reads none): one naming a host
     path reaches the container naming ours; one linked out of the driver root is looked for
     inside it (nothing there: not bound), never on the host. (The rewriting itself:
     tests/mounts/test_plan_pure.py.)"""
-    user = _driver_copy(tmp_path, driver_root)
+    user = driver_copy
     icd = user / "usr/share/vulkan/icd.d/nvidia_icd.json"
     target = "/usr/share/vulkan/icd.d/nvidia_icd.json"
     _replace(icd, b'{"ICD": {"library_path": "/usr/lib64/libGLX_nvidia.so.0"}}')
