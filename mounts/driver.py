@@ -140,13 +140,14 @@ def read_resolved(path: str, limit: int = MAX_TEXT) -> bytes | None:
     except OSError as e:
         raise DriverError(f"{path}: cannot read: {e.strerror}") from None
     try:
-        mode = os.fstat(fd).st_mode
+        st = os.fstat(fd)
+        mode = st.st_mode
         if not stat.S_ISREG(mode):
             raise DriverError(f"{path}: expected a regular file, found {file_kind(mode)}")
         if not opened_at(fd, path):
             raise DriverError(f"{path}: changed while being opened (a directory on the way became a link)")
         data = _read_all(fd, limit + 1)
-        reads.opened(path, fd, data)
+        reads.opened(path, fd, data, st)
     finally:
         os.close(fd)
     if len(data) > limit:
@@ -628,7 +629,7 @@ def _not_the_drivers(path: str, mode: int) -> str | None:
             return file_kind(st.st_mode)
         if not opened_at(fd, path):
             return "changed while being opened"
-        reads.opened(path, fd)
+        reads.opened(path, fd, st=st)
         head = os.pread(fd, 4096, 0)
     except OSError as e:
         return f"cannot read: {e.strerror}"

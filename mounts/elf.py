@@ -45,12 +45,12 @@ def read_elf(path: str) -> ElfInfo:
     except OSError as e:
         raise ElfError(f"{path}: cannot read: {e.strerror}") from None
     try:
-        reads.opened(path, fd)
+        size = reads.opened(path, fd).st_size
         head = os.pread(fd, 4096, 0)  # the ELF header and, nearly always, the program headers
         if head[:4] != b"\x7fELF":
             raise ElfError("not an ELF file (bad magic)")
         if len(head) > 16 and head[5] == 1 and head[4] in _LAYOUT:
-            return _read_le(fd, head, head[4], os.fstat(fd).st_size)
+            return _read_le(fd, head, head[4], size)
         with os.fdopen(os.dup(fd), "rb") as f:
             return read_elf_pyelftools(f)
     except OSError as e:

@@ -180,15 +180,17 @@ def islink(path: str) -> bool:
         return False
 
 
-def opened(path: str, fd: int, data: bytes | None = None) -> None:
-    """A file discovery opened at ``path`` (never through a last link): its bytes where they
-    were read whole and are small (a /proc text: its times say nothing), else its stat."""
+def opened(path: str, fd: int, data: bytes | None = None, st: os.stat_result | None = None) -> os.stat_result:
+    """A file discovery opened at ``path`` (never through a last link), noted: its bytes where
+    they were read whole and are small (a /proc text: its times say nothing), else its stat
+    (``st``, the caller's fstat of ``fd``, else one made here). Returns that stat."""
+    st = st if st is not None else os.fstat(fd)
     if _current is None:
-        return
-    st = os.fstat(fd)
+        return st
     if data is not None and stat.S_ISREG(st.st_mode) and len(data) <= MAX_TEXT:
         _noted("text", path, data)
     else:
         if data is not None and len(data) != st.st_size:  # (/proc's: its stat would show no change)
             _current.unsure = True
         _noted("lstat", path, key(st))
+    return st
