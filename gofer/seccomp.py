@@ -23,7 +23,6 @@ import msgspec
 from gofer import syscalls as sc
 from mounts.errors import SandboxError
 from mounts.spec import OCI_VERSION, Seccomp
-from mounts.trusted import open_root_only
 
 FLAGS = {"SECCOMP_FILTER_FLAG_TSYNC": sc.SCMP_FLTATR_CTL_TSYNC, "SECCOMP_FILTER_FLAG_LOG": sc.SCMP_FLTATR_CTL_LOG,
          "SECCOMP_FILTER_FLAG_SPEC_ALLOW": sc.SCMP_FLTATR_CTL_SSB}
@@ -89,6 +88,7 @@ def export(spec: Seccomp) -> bytes:
     import hashlib
 
     from mounts.atomic import replace_whole
+    from mounts.trusted import open_root_only
 
     key = hashlib.sha256(msgspec.json.encode(spec)).hexdigest()
     try:  # its way from / again at each use: a directory on it another user's, and the files are theirs to swap

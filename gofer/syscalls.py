@@ -378,15 +378,13 @@ def close_fds(first: int, keep: set[int]) -> None:
 
 
 _libc.memset.argtypes, _libc.memset.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t], ctypes.c_void_p
-BYTES_DATA = bytes.__basicsize__ - 1  # offset of a bytes object's characters (CPython's ob_sval)
 
 
 def hide_caller(name: bytes = b"sandbox-init") -> None:
-    """Blank what this process holds of its caller's command line and environment (an
-    engine's paths, perhaps its secrets) before it waits in a container's namespaces: the
-    strings /proc/<pid>/cmdline and environ read (argv shows ``name``, as runc's init shows
-    "runc init"), and os.environ's copies, zeroed in place (a freed object's bytes stay in
-    the heap, which a ptracer in the container can read). After this, os.environ is empty."""
+    """Blank the argument and environment strings /proc/<pid>/cmdline and environ read, and
+    show ``name`` (as runc's init shows "runc init"), before this process waits in a
+    container's namespaces. (It is a fresh interpreter by then, gofer/fresh.py: no copy of
+    its caller's command line or environment is left in its memory; these are our own.)"""
     with open("/proc/self/stat", "rb") as f:
         fields = f.read().rpartition(b")")[2].split()
     # fields 48-51 of proc(5) (arg_start, arg_end, env_start, env_end), counted past the comm
@@ -396,11 +394,6 @@ def hide_caller(name: bytes = b"sandbox-init") -> None:
             _libc.memset(start, 0, end - start)
     if arg_end - arg_start > len(name):
         ctypes.memmove(arg_start, name, len(name))
-    data = os.environ._data  # type: ignore[attr-defined]  # (posix.environ: bytes to bytes)
-    for item in (*data.keys(), *data.values()):
-        if len(item) > 1:  # (the empty and one-byte objects are the interpreter's shared singletons)
-            _libc.memset(id(item) + BYTES_DATA, 0, len(item))
-    data.clear()
 
 
 _personality = _libc.personality

@@ -170,7 +170,7 @@ def start_unit(bus: Bus, unit: str, slice_: str, pid: int, properties: list[tupl
     a warning and its delete then stopped it, killing its owner's processes; runc 1.2 refuses
     it: opencontainers/runc#3780, #3782. Joined, its processes would get our device rules
     and limits, and systemd would rewrite ours from its owner's properties on any reload.)"""
-    kind = "Slice" if unit.endswith(".slice") else "Scope"
+    kind = _kind(unit)
     props = [("Description", ("s", f"sandbox container {unit}")), ("Slice", ("s", slice_)),
              ("DefaultDependencies", ("b", False)), ("Delegate", ("b", True)),
              ("MemoryAccounting", ("b", True)), ("CPUAccounting", ("b", True)),
@@ -203,7 +203,7 @@ def wait_active(bus: Bus, unit: str) -> tuple[str, str]:
     """Wait until the unit we started is active: (its cgroup, as systemd's ControlGroup
     property names it, relative to the hierarchies' roots; its InvocationID, in hex: what
     tells this start of the unit from any later unit of the same name)."""
-    kind = "Slice" if unit.endswith(".slice") else "Scope"
+    kind = _kind(unit)
     deadline = time.monotonic() + JOB_TIMEOUT
     while True:
         state = bus.unit_property(unit, "org.freedesktop.systemd1.Unit", "ActiveState")
@@ -260,7 +260,7 @@ def _properties(unit: str, properties: list[tuple[str, tuple[str, object]]]) -> 
     """The values ``properties`` have on ``unit`` now, as (name, (signature, value))."""
     if not properties:
         return []
-    interface = "org.freedesktop.systemd1." + ("Slice" if unit.endswith(".slice") else "Scope")
+    interface = "org.freedesktop.systemd1." + _kind(unit)
     bus = Bus()
     try:
         return [(name, (sig, bus.unit_property(unit, interface, name))) for name, (sig, _) in properties]
@@ -499,3 +499,8 @@ class SystemdCgroup:
         if self.started:
             stop(self.unit, self.invocation or None)
         cgroups.remove_dirs(self.created)
+
+
+def _kind(unit: str) -> str:
+    """The D-Bus interface's last word for a unit of ours: a slice or a scope."""
+    return "Slice" if unit.endswith(".slice") else "Scope"

@@ -35,7 +35,7 @@ def main(args) -> int:
         raise being_created(state, args.root)
     if status != "stopped" and not args.force:
         raise SandboxError(f"cannot delete container {state.id!r} that is not stopped: {status}")
-    if not state.creating and (status != "stopped" or not state.pid_ns_own):
+    if status != "stopped" or not state.pid_ns_own:  # (kill_all leaves a creating one alone)
         # without a pid namespace of its own, what the container left running in its cgroup
         # outlives its init: killed too, as runc's destroy does
         kill_all(state)
