@@ -38,7 +38,7 @@ def main(args) -> int:
 
 def generate(args) -> int:
     from mounts.driver import discover
-    from sandbox.hook_cmd import HOOK_ENV
+    from sandbox.hook_cmd import hook_env
     from sandbox.launcher import entry_code
 
     inventory = discover(args.driver_root, args.dev_root)
@@ -51,7 +51,7 @@ def generate(args) -> int:
     client = os.path.join(os.path.dirname(sys.executable), "sandbox-hook")  # (scripts/setup builds it)
     if os.access(client, os.X_OK):
         hook = [client, *hook]  # the warm server's client, which execs the Python hook without one
-    spec = cdi_generate.generate(inventory, hook, HOOK_ENV)
+    spec = cdi_generate.generate(inventory, hook, hook_env())
     if args.format == "json":
         text = msgspec.json.format(msgspec.json.encode(spec), indent=2).decode() + "\n"
     else:

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     gofer = None
     verb = flags.verb_of(argv)
-    if verb in ("run", "create", "exec") and frontend is None:
+    if verb in ("run", "create", "exec", "serve") and frontend is None:  # (serve: its children create)
         from sandbox import sealed
 
         if not sealed.sealed():

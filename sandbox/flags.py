@@ -269,6 +269,9 @@ def parser():
     p = sub.add_parser("serve", help=VERBS["serve"])
     p.add_argument("--server", metavar="SOCKET", help="where to listen (default $SANDBOX_SERVER, "
                    "else /run/gpu-sandbox/hook.sock)")
+    p.add_argument("--idle-exit", type=_seconds, default=0, metavar="SECONDS",
+                   help="leave once idle this long, the socket removed first (0: never; the launcher "
+                   "starts a server so where none listens, from $SANDBOX_SERVER_IDLE)")
 
     p = sub.add_parser("hook", help=VERBS["hook"])
     p.add_argument("action", nargs="?", choices=["install", "serve"],
@@ -277,6 +280,14 @@ def parser():
     _add(p, ROOTS, suppress=True)
     _add(p, HOOK)
     return ap
+
+
+def _seconds(text: str) -> int:
+    import argparse
+
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds")
+    return int(text)
 
 
 def _options(argv: list[str], rows) -> dict[str, Any] | None:

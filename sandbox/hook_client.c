@@ -11,7 +11,8 @@
  * does, and prints the server's error line and exits with its code. Whenever the server is
  * of no use (none listens, it is not root's, it declines, the request is too big, the state
  * is not plain UTF-8, --trace is asked for) it execs argv[1:] with the state on stdin again:
- * the hook then does the work itself, exactly as without this program.
+ * the hook then does the work itself, exactly as without this program. Where none listens
+ * and the hook runs as the node's root, it starts one first (server_connect.h).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -24,6 +25,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "server_connect.h"
 #include "server_wire.h"
 
 #ifndef REPLY_TIMEOUT
@@ -118,22 +120,20 @@ int main(int argc, char **argv) {
         bad = (i > hook && put(&req, ", ", 2)) || !utf8((unsigned char *)argv[i], strlen(argv[i]))
               || json_string(&req, argv[i], strlen(argv[i]));
     }
-    bad = bad || put(&req, "], \"stdin\": ", 12) || json_string(&req, state.p ? state.p : "", state.n) || put(&req, "}", 1);
+    bad = bad || put(&req, "], \"stdin\": ", 12) || json_string(&req, state.p ? state.p : "", state.n);
+    for (int i = 1; i + 1 < hook && !bad; i++) /* the program: the Python hook's -c CODE */
+        if (strcmp(argv[i], "-c") == 0)
+            bad = put(&req, ", \"program\": ", 13) || json_string(&req, argv[i + 1], strlen(argv[i + 1]));
+    bad = bad || put(&req, "}", 1);
     if (bad) fallback(cmd, state.p, state.n);
 
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof addr.sun_path) fallback(cmd, state.p, state.n);
-    strcpy(addr.sun_path, path);
-    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    struct ucred cred;
-    socklen_t len = sizeof cred;
     /* deadlines as the Python client's (sandbox/hook_server.py): connect and send 1 s (a full
-     * listen queue), the answer REPLY_TIMEOUT; past either, the hook does the work itself */
-    struct timeval send_limit = {.tv_sec = 1}, reply_limit = {.tv_sec = REPLY_TIMEOUT};
-    if (s < 0 || setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof send_limit) < 0
-        || setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &reply_limit, sizeof reply_limit) < 0
-        || connect(s, (struct sockaddr *)&addr, sizeof addr) < 0
-        || getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.uid != 0
+     * listen queue), the answer REPLY_TIMEOUT; past either, the hook does the work itself.
+     * Where none listens, the node's root starts one: the Python hook's command line, up to
+     * its verb, with `serve` (server_connect.h) */
+    int s = server_connect(path, cmd, hook - 1);
+    struct timeval reply_limit = {.tv_sec = REPLY_TIMEOUT};
+    if (s < 0 || setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &reply_limit, sizeof reply_limit) < 0
         || send(s, req.p, req.n, 0) != (ssize_t)req.n) {
         if (s >= 0) close(s);
         fallback(cmd, state.p, state.n);

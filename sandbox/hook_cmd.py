@@ -23,6 +23,14 @@ import msgspec
 from mounts.errors import BundleError, SandboxError
 
 HOOK_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+
+
+def hook_env() -> list[str]:
+    """A hook entry's environment: PATH, and the installer's $SANDBOX_SERVER_IDLE where set
+    (how long a server the hook's client starts stays idle; 0: none is started)."""
+    idle = os.environ.get("SANDBOX_SERVER_IDLE")
+    return HOOK_ENV + ([f"SANDBOX_SERVER_IDLE={idle}"] if idle is not None else [])
+
 HOW = ("runc and crun run the hook with the container's state on stdin; add it to a bundle with "
        "`sandbox hook install BUNDLE`")
 class ContainerState(msgspec.Struct):
@@ -107,11 +115,11 @@ def install(args) -> int:
         hook_args += ["--trace", os.path.abspath(args.trace)]
     if args.server:
         hook_args += ["--server", os.path.abspath(args.server)]
-    entry = {"path": sys.executable, "args": hook_args, "env": HOOK_ENV}
+    entry = {"path": sys.executable, "args": hook_args, "env": hook_env()}
     client = os.path.join(os.path.dirname(sys.executable), "sandbox-hook")  # (scripts/setup builds it)
     if not args.trace and os.access(client, os.X_OK):
         # the warm server's client in C: no Python starts unless the server is of no use
-        entry = {"path": client, "args": ["sandbox-hook", *hook_args], "env": HOOK_ENV}
+        entry = {"path": client, "args": ["sandbox-hook", *hook_args], "env": hook_env()}
     hooks = spec.setdefault("hooks", {})
     for stage in ("prestart", "createRuntime"):
         hooks[stage] = [h for h in hooks.get(stage, []) if not any(MARK in a for a in h.get("args", []))]

@@ -117,18 +117,28 @@ def serve(args, main) -> int:
     import signal
     import time
 
+    from gofer import seccomp
     from mounts.errors import SandboxError
 
     _preload()
+    idle = getattr(args, "idle_exit", 0)  # (`hook serve` has none)
+    if idle:
+        _take_pid1s_place()
     listener = _activated()
     if listener is not None:
         path = listener.getsockname()
+        if idle:  # a client's start (sandbox/server_connect.h): the socket is ours to remove
+            _bound[path] = os.lstat(path).st_ino
     else:
         path = os.path.abspath(args.server or (os.environ.get("SANDBOX_SERVER") if args.verb == "serve" else None)
                                or SOCKET)
         listener = _listen(path)
     _filter_cache(path)
     from mounts import inventories
+    from sandbox.launcher import entry_code
+
+    global _PROGRAM
+    _PROGRAM, stamp = entry_code(), _code_stamp()
 
     # the inventories our children discover come back here, for the children forked after
     reports, inventories.REPORT = inventories.report_pair()
@@ -150,17 +160,37 @@ def serve(args, main) -> int:
     signal.set_wakeup_fd(wake[1], warn_on_full_buffer=False)
     poll.register(wake[0], select.POLLIN)
     waiting: dict[int, tuple] = {}  # fd -> (connection, deadline), in the order they came
+    busy, leaving = time.monotonic(), False  # (idle: the last time a request or child was there)
     try:
         while True:
             timeout = None
             if waiting:
                 first = next(iter(waiting.values()))[1]
                 timeout = max(0, int((first - time.monotonic()) * 1000) + 1)
-            for fd, _events in poll.poll(timeout):
+            elif leaving:
+                timeout = 0
+            elif idle and not _children:
+                timeout = max(0, int((busy + idle - time.monotonic()) * 1000) + 1)
+            events = poll.poll(timeout)
+            if _children or waiting:
+                busy = time.monotonic()
+            if not (events or waiting or _children) and (leaving or (idle and time.monotonic() >= busy + idle)):
+                if leaving:
+                    break  # (what came before the socket went is served)
+                # idle: the socket goes first, then those already queued on it are served
+                print(f"sandbox hook serve: idle {idle} s: leaving", file=sys.stderr, flush=True)
+                _unbind(path)
+                leaving = True
+                continue
+            for fd, _events in events:
                 if fd == listener.fileno():
                     for conn in _accept_all(listener):
                         if not _trusted_peer(conn):
                             _decline(conn, "a hook server serves only root with CAP_SYS_ADMIN in its namespaces and root")
+                        elif _code_stamp() != stamp:
+                            _decline(conn, "the server's code changed since it started (an upgrade): it leaves")
+                            _unbind(path)
+                            leaving = True
                         elif len(waiting) >= MAX_WAITING:
                             _decline(conn, f"{MAX_WAITING} connections wait for their request")
                         else:
@@ -187,16 +217,91 @@ def serve(args, main) -> int:
                 del waiting[fd]
                 poll.unregister(fd)
                 conn.close()
+        return 0
     except SandboxError as e:
         print(f"sandbox hook serve: {e}", file=sys.stderr)
         return 1
     finally:
+        _unbind(path)  # (before the listener closes: no client may find a socket nobody answers)
         listener.close()
+        if idle and seccomp.CACHE:
+            import shutil
+
+            shutil.rmtree(seccomp.CACHE, ignore_errors=True)  # (a client's start: nothing of it stays)
+            try:
+                os.rmdir(os.path.dirname(seccomp.CACHE))  # (another server's may be there still)
+            except OSError:
+                pass
+
+
+def _unbind(path: str) -> None:
+    """Remove our socket (ours still, not a newer server's): no new client reaches us."""
+    try:
+        if _bound.pop(path, None) == os.lstat(path).st_ino:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def _code_stamp() -> list[tuple[int, int]]:
+    """Our packages' directories as they are now (inode, mtime): an upgrade replaces their
+    files, and a server that kept the code it started with would serve the new installation's
+    clients with the old code."""
+    import gofer
+    import mounts
+    import sandbox
+
+    stamp = []
+    for package in (sandbox, gofer, mounts):
         try:
-            if _bound.get(path) == os.lstat(path).st_ino:  # ours still, not a newer server's
-                os.unlink(path)
+            st = os.stat(os.path.dirname(package.__file__ or ""))
+            stamp.append((st.st_ino, st.st_mtime_ns))
+        except OSError:
+            stamp.append((0, 0))
+    return stamp
+
+
+def _take_pid1s_place() -> None:
+    """A server a client started (``--idle-exit``: sandbox/server_connect.h) serves the whole
+    node: it leaves that client's cgroups, limits and scheduling (an engine's unit, a pod's
+    shim) for pid 1's, each as far as the kernel lets it; an engine stopped or limited must
+    not take the node's server along."""
+    import resource
+
+    from gofer.cgroups.common import cgroup_dirs
+
+    me = str(os.getpid()).encode()
+    try:
+        dirs = cgroup_dirs(1)
+    except (OSError, ValueError):
+        dirs = []
+    for d in dirs:
+        try:
+            fd = os.open(os.path.join(d, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, me)
+            finally:
+                os.close(fd)
         except OSError:
             pass
+    for name in dir(resource):
+        if name.startswith("RLIMIT_"):
+            try:
+                resource.setrlimit(getattr(resource, name), resource.prlimit(1, getattr(resource, name)))
+            except (OSError, ValueError):
+                pass
+    try:
+        with open("/proc/1/oom_score_adj") as f:
+            adj = f.read()
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(adj)
+    except OSError:
+        pass
+    try:
+        os.sched_setaffinity(0, os.sched_getaffinity(1))
+        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 1))
+    except OSError:
+        pass
 
 
 def _accept_all(listener) -> list:
@@ -357,6 +462,7 @@ def _filter_cache(path: str) -> None:
 
 
 _bound: dict[str, int] = {}  # socket path -> the inode we bound there
+_PROGRAM = ""  # the `sandbox` program our clients run (launcher.entry_code): another's is declined
 _children: set[int] = set()
 
 
@@ -382,6 +488,11 @@ def _handle(conn, main) -> int:
         request = loads(data.decode())
     except (ValueError, UnicodeError):
         request = None
+    if isinstance(request, dict) and request.get("program", _PROGRAM) != _PROGRAM:
+        for fd in fds:
+            os.close(fd)
+        _decline(conn, "a client of another installation of sandbox", read=False)
+        return 0
     if isinstance(request, dict) and "verb" in request:
         return _run_verb(conn, request, fds, main)
     for fd in fds:

@@ -15,7 +15,8 @@
  *
  * A verb that starts no process of the container's (state, kill, delete, start, ...: the
  * warm server's SERVED) is first offered to the warm server (sandbox/hook_server.py, at
- * $SANDBOX_SERVER or /run/gpu-sandbox/hook.sock; SANDBOX_SERVER= never): the request carries
+ * $SANDBOX_SERVER or /run/gpu-sandbox/hook.sock; SANDBOX_SERVER= never; where none listens
+ * and the caller is the node's root, one is started, sandbox/server_connect.h): the request carries
  * the command line, the cwd, the umask and the environment, and this process's stdin, stdout
  * and stderr as SCM_RIGHTS, so the server's forked child writes where the verb would, and
  * the exit code comes back. No Python starts here. Where the server is of no use (none
@@ -52,6 +53,7 @@
 
 #include SANDBOX_CONFIG
 #include "frontend.h"
+#include "server_connect.h"
 
 extern char **environ;
 
@@ -89,9 +91,6 @@ static const char *server_path(void) {
  * server: its connection, or -1 where there is none to use. */
 static int send_request(int argc, char **argv) {
     const char *path = server_path();
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (*path == '\0' || strlen(path) >= sizeof addr.sun_path) return -1;
-    strcpy(addr.sun_path, path);
     for (int fd = 0; fd < 3; fd++)
         if (fcntl(fd, F_GETFD) < 0) return -1; /* a closed stdio: as Python copes with it */
     char cwd[PATH_MAX], mask[16];
@@ -105,14 +104,13 @@ static int send_request(int argc, char **argv) {
     if (put(&req, "{\"verb\": [", 10) || json_strings(&req, argv + 1, argc - 1) || put(&req, "], \"cwd\": ", 10)
         || !utf8((unsigned char *)cwd, strlen(cwd)) || json_string(&req, cwd, strlen(cwd))
         || put(&req, ", \"umask\": ", 11) || put(&req, mask, strlen(mask)) || put(&req, ", \"env\": [", 10)
-        || json_strings(&req, environ, n) || put(&req, "]}", 2)) {
+        || json_strings(&req, environ, n) || put(&req, "], \"program\": ", 14)
+        || json_string(&req, SANDBOX_CODE, strlen(SANDBOX_CODE)) || put(&req, "}", 1)) {
         buf_free(&req);
         return -1;
     }
-    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    struct ucred cred;
-    socklen_t len = sizeof cred;
-    struct timeval limit = {.tv_sec = 1}; /* connect and send: a full listen queue, as the hook's */
+    char *self[] = {"/proc/self/exe"}; /* (a server started here is this program's `serve`) */
+    int s = server_connect(path, self, 1);
     int fds[3] = {0, 1, 2};
     union { char buf[CMSG_SPACE(sizeof fds)]; struct cmsghdr align; } control;
     struct iovec iov = {.iov_base = req.p, .iov_len = req.n};
@@ -121,10 +119,7 @@ static int send_request(int argc, char **argv) {
     struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof fds);
     memcpy(CMSG_DATA(c), fds, sizeof fds);
-    if (s < 0 || setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) < 0
-        || connect(s, (struct sockaddr *)&addr, sizeof addr) < 0
-        || getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.uid != 0
-        || sendmsg(s, &msg, 0) != (ssize_t)req.n) {
+    if (s < 0 || sendmsg(s, &msg, 0) != (ssize_t)req.n) {
         if (s >= 0) close(s);
         buf_free(&req);
         return -1;
@@ -265,9 +260,11 @@ static void seal(char **argv) {
     close(fd);
 }
 
+/* Whether a server listens, or one may be started here (server_connect.h). */
 static int server_listens(void) {
     struct stat st;
-    return stat(server_path(), &st) == 0 && S_ISSOCK(st.st_mode);
+    if (stat(server_path(), &st) == 0 && S_ISSOCK(st.st_mode)) return 1;
+    return *server_path() && server_idle() != NULL && node_root();
 }
 
 int main(int argc, char **argv)

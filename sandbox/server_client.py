@@ -37,7 +37,10 @@ def forward(argv: list[str]) -> int | None:
             raise OSError("the server is not root's")
         state = sys.stdin.buffer.read()
         sys.stdin = _replay(state)  # should the server be of no use, the hook reads it again here
-        s.sendall(dumps({"argv": argv, "stdin": state.decode("utf-8", "surrogateescape")}).encode())
+        request = {"argv": argv, "stdin": state.decode("utf-8", "surrogateescape")}
+        if "-c" in sys.orig_argv:  # the program (launcher.entry_code): a server of another installation declines
+            request["program"] = sys.orig_argv[sys.orig_argv.index("-c") + 1]
+        s.sendall(dumps(request).encode())
         s.settimeout(REPLY_TIMEOUT)
         reply = s.recv(MAX_REQUEST)
     except OSError:

@@ -18,6 +18,7 @@ import fixtures  # noqa: E402
 # No test is served by a warm server it did not start (one at the default socket would run
 # verbs with the code it started with): tests/integration/test_served.py starts its own.
 os.environ["SANDBOX_SERVER"] = ""
+os.environ["SANDBOX_SERVER_IDLE"] = "0"  # nor does a client of a test start one (sandbox/server_connect.h)
 
 
 @pytest.fixture(scope="session")
