@@ -10,7 +10,15 @@ import resource
 
 from gofer import process
 from mounts.errors import BundleError, ExecError, ProcessError
-from mounts.spec import Personality, Process, Seccomp
+from mounts.spec import (
+    IOPRIO_CLASSES,
+    PERSONALITY_DOMAINS,
+    SCHED_FLAGS,
+    SCHED_POLICIES,
+    Personality,
+    Process,
+    Seccomp,
+)
 
 MAX_PLAN = 200_000  # bytes: well inside a SOCK_SEQPACKET message (the socket's send buffer)
 # frontend.c's tables, defined here alone: sandbox/launcher.py writes them into the header
@@ -27,17 +35,15 @@ def c_defines() -> str:
         ("MAX_NS", MAX_NS), ("MAX_CGROUPS", MAX_CGROUPS)))
 
 
-def unsupported(proc: Process, console, seccomp: Seccomp | None, personality: Personality | None) -> str | None:
+def unsupported(proc: Process, console, seccomp: Seccomp | None) -> str | None:
     """What the plan cannot carry, or None."""
     if console is not None or proc.terminal:
         return "a terminal"
-    if personality is not None or proc.scheduler is not None or proc.io_priority is not None:
-        return "scheduling or a personality"
     if proc.apparmor_profile or proc.selinux_label:
         return "an LSM label"
-    if seccomp is not None and (seccomp.flags or seccomp.listener_path or seccomp.default_action == "SCMP_ACT_NOTIFY"
+    if seccomp is not None and (seccomp.listener_path or seccomp.default_action == "SCMP_ACT_NOTIFY"
                                 or any(r.action == "SCMP_ACT_NOTIFY" for r in seccomp.syscalls)):
-        return "seccomp flags or a listener"
+        return "a seccomp listener"
     return None
 
 
@@ -51,8 +57,8 @@ def too_big(proc: Process) -> str | None:
     return None
 
 
-def process_records(proc: Process) -> list[str]:
-    """The process's credentials, capabilities as masks, umask and rlimits."""
+def process_records(proc: Process, personality: Personality | None = None) -> list[str]:
+    """The process's credentials, capabilities as masks, umask, rlimits and scheduling."""
     caps = proc.capabilities or process.NO_CAPABILITIES
     masks = [sum(1 << c for c in process._cap_numbers(getattr(caps, f), f))
              for f in ("bounding", "permitted", "inheritable", "effective", "ambient")]
@@ -62,8 +68,35 @@ def process_records(proc: Process) -> list[str]:
                f"codes {ProcessError.exit_code} {ExecError.exit_code} {BundleError.exit_code}", "caps " + " ".join(f"{m:x}" for m in masks),
                f"user {user.uid} {user.gid}", *(f"group {g}" for g in user.additional_gids)]
     # (the text after the numbers: what an error names, as gofer.process.set_rlimits does)
-    return records + [f"rlimit {getattr(resource, rl.type)} {rl.soft} {rl.hard} [{i}]: {rl.type} soft {rl.soft} "
-                      f"hard {rl.hard}" for i, rl in enumerate(proc.rlimits)]
+    records += [f"rlimit {getattr(resource, rl.type)} {rl.soft} {rl.hard} [{i}]: {rl.type} soft {rl.soft} "
+                f"hard {rl.hard}" for i, rl in enumerate(proc.rlimits)]
+    return records + scheduling_records(proc, personality)
+
+
+def scheduling_records(proc: Process, personality: Personality | None) -> list[str]:
+    """process.scheduler, process.ioPriority and linux.personality as the kernel takes them
+    (gofer.process.set_scheduling's calls; frontend.c makes them in the process that execs)."""
+    records = []
+    if (s := proc.scheduler) is not None:
+        flags = sum(SCHED_FLAGS[f] for f in s.flags)
+        records.append(f"sched {SCHED_POLICIES[s.policy]} {flags} {s.nice} {s.priority} {s.runtime} {s.deadline} "
+                       f"{s.period}")
+    if proc.io_priority is not None:
+        records.append(f"ioprio {IOPRIO_CLASSES[proc.io_priority.class_]} {proc.io_priority.priority}")
+    if personality is not None:
+        records.append(f"personality {PERSONALITY_DOMAINS[personality.domain]}")
+    return records
+
+
+def seccomp_records(spec: Seccomp, no_new_privileges: bool) -> list[str]:
+    """When the filter loads (before the user changes, where no_new_privs is off: it needs
+    CAP_SYS_ADMIN then) and the spec's flags as seccomp(2) takes them; its fd follows."""
+    flags = sum(SECCOMP_FLAGS[f] for f in spec.flags)
+    return [f"seccomp {'late' if no_new_privileges else 'early'}", *([f"seccomp-flags {flags}"] if flags else [])]
+
+
+# linux.seccomp.flags as seccomp(2)'s SECCOMP_FILTER_FLAG_* (gofer/seccomp.py gives libseccomp's names for them)
+SECCOMP_FLAGS = {"SECCOMP_FILTER_FLAG_TSYNC": 1, "SECCOMP_FILTER_FLAG_LOG": 2, "SECCOMP_FILTER_FLAG_SPEC_ALLOW": 4}
 
 
 def seccomp_memfd(bpf: bytes) -> int:

@@ -33,6 +33,7 @@ from gofer.frontend_plan import (
     encode,
     process_records,
     seccomp_memfd,
+    seccomp_records,
     too_big,
     unsupported,
 )
@@ -63,7 +64,7 @@ def unsupported_create(spec: Spec) -> str | None:
     pids = spec.linux.resources.pids if spec.linux.resources is not None else None
     if pids is not None and 0 < pids.limit < SERVED_PROCESSES:
         return f"a pids limit under {SERVED_PROCESSES}"
-    return unsupported(proc, None, spec.linux.seccomp, spec.linux.personality) or too_big(proc)
+    return unsupported(proc, None, spec.linux.seccomp) or too_big(proc)
 
 
 def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, socket.socket, int]:
@@ -160,7 +161,7 @@ def shed_privileges(keep: set[int]) -> None:
     prctl.set_no_new_privs(1)
 
 
-def hand_over(chan: socket.socket, init: int, proc, bpf: bytes | None, fifo: int, ready) -> None:
+def hand_over(chan: socket.socket, init: int, spec: Spec, bpf: bytes | None, fifo: int, ready) -> None:
     """Send pid 1 its process (looked up inside the root: cwd, HOME), wait until it is the
     container's user, let it go on to wait for start, then ``ready()`` (Ready, after which
     we exit: the supervisor records the container only once we are gone and reaped, so that
@@ -171,16 +172,18 @@ def hand_over(chan: socket.socket, init: int, proc, bpf: bytes | None, fifo: int
     theirs, ours = os.stat(f"{init}/root", dir_fd=sc.PROC), os.stat("/")
     if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
         raise SandboxError("the container's init kept a root of the host's (a chrooted launcher?)")
+    proc = spec.process
+    assert proc is not None  # (create refuses a spec without one before this)
     entry = process.look_up(proc, enter=False)
-    records = ["plan 1", *process_records(proc), "fifo"]
+    records = ["plan 1", *process_records(proc, spec.linux.personality), "fifo"]
     fds = [fifo]
     try:
         if entry.cwd is not None:
             records.append(f"cwd {proc.cwd}")
             fds.append(entry.cwd)
-        if bpf is not None:
+        if bpf is not None and spec.linux.seccomp is not None:
             fds.append(seccomp_memfd(bpf))
-            records.append(f"seccomp {'late' if proc.no_new_privileges else 'early'}")
+            records += seccomp_records(spec.linux.seccomp, proc.no_new_privileges)
         records += command_records(proc, entry)
         data = encode(records, fds)
         if data is None:

@@ -8,12 +8,11 @@ The plan is NUL-terminated "KEY VALUE" records with the fds they name (SCM_RIGHT
 order): the namespaces' fds, opened through one pinned /proc/<init> as spawn opens them; the
 cgroups' cgroup.procs files; the cwd, resolved inside the container's root (its mount
 namespace entered and left again here); the seccomp filter, compiled by libseccomp and
-exported as BPF; rlimits, capabilities as masks, the user, umask, argv and the environment
-with HOME. The front end answers with gofer/enter.py's report ("pid N", "err CODE MESSAGE"),
+exported as BPF, and its flags; rlimits, scheduling and the personality, capabilities as
+masks, the user, umask, argv and the environment with HOME. The front end answers with gofer/enter.py's report ("pid N", "err CODE MESSAGE"),
 read here with the same code, so the errors are the same lines.
 
-What the plan does not carry (a terminal, scheduling, personality, LSM labels, seccomp flags
-or a notify listener) is declined before anything happens, and the launcher runs exec in
+What the plan does not carry (a terminal, LSM labels, a seccomp notify listener) is declined before anything happens, and the launcher runs exec in
 Python as before.
 """
 
@@ -45,10 +44,10 @@ class Frontend:
     def spawn(self, init: int, proc: Process, console=None, preserve_fds: int = 0, detach: bool = False,
               seccomp: Seccomp | None = None, cgroups=(), start_time: int | None = None,
               personality: Personality | None = None) -> int:
-        why = fp.unsupported(proc, console, seccomp, personality) or fp.too_big(proc)
+        why = fp.unsupported(proc, console, seccomp) or fp.too_big(proc)
         if why is not None:
             raise Decline(why)
-        records = ["plan 1", f"detach {int(detach)}", f"preserve {preserve_fds}", *fp.process_records(proc)]
+        records = ["plan 1", f"detach {int(detach)}", f"preserve {preserve_fds}", *fp.process_records(proc, personality)]
         fds = enter.open_namespaces(init, start_time)
         sent: list[int] = []
         try:
@@ -64,7 +63,7 @@ class Frontend:
                 records.append(f"cwd {proc.cwd}")
             if seccomp is not None:
                 sent.append(fp.seccomp_memfd(export(seccomp)))
-                records.append(f"seccomp {'late' if proc.no_new_privileges else 'early'}")
+                records += fp.seccomp_records(seccomp, proc.no_new_privileges)
             records += fp.command_records(proc, entry)
             data = fp.encode(records, sent)
             if data is None:

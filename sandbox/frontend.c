@@ -43,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -77,6 +78,11 @@ struct plan {
     const char *cwd_text;
     struct sock_filter *bpf;
     unsigned short bpf_len;
+    unsigned seccomp_flags;
+    int sched, ioprio, persona; /* each set: its record came */
+    struct { unsigned policy, priority; unsigned long long flags, runtime, deadline, period; int nice; } sc;
+    int ioprio_class, ioprio_level;
+    unsigned long persona_value;
     char *argv[MAX_ITEMS], *envp[MAX_ITEMS];
     int argc, envc;
 };
@@ -244,6 +250,20 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
             pl->bpf = malloc((size_t)st.st_size);
             if (pl->bpf == NULL || pread(fd, pl->bpf, (size_t)st.st_size, 0) != st.st_size) return -1;
             pl->bpf_len = (unsigned short)(st.st_size / sizeof(struct sock_filter)); /* (the fd: closed with the rest) */
+        } else if (!strncmp(item, "seccomp-flags ", 14)) {
+            if (sscanf(v, "%u", &pl->seccomp_flags) != 1 || pl->seccomp_flags & ~7U) return -1;
+        } else if (!strncmp(item, "sched ", 6)) {
+            int off = 0;
+            if (sscanf(v, "%u %llu %d %u %llu %llu %llu%n", &pl->sc.policy, &pl->sc.flags, &pl->sc.nice,
+                       &pl->sc.priority, &pl->sc.runtime, &pl->sc.deadline, &pl->sc.period, &off) != 7 || v[off])
+                return -1;
+            pl->sched = 1;
+        } else if (!strncmp(item, "ioprio ", 7)) {
+            if (sscanf(v, "%d %d", &pl->ioprio_class, &pl->ioprio_level) != 2) return -1;
+            pl->ioprio = 1;
+        } else if (!strncmp(item, "personality ", 12)) {
+            if (sscanf(v, "%lu", &pl->persona_value) != 1) return -1;
+            pl->persona = 1;
         } else if (!strncmp(item, "arg ", 4)) {
             if (pl->argc == MAX_ITEMS - 1) return -1;
             pl->argv[pl->argc++] = (char *)v;
@@ -260,8 +280,28 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
 
 static void load_seccomp(struct plan *pl) {
     struct sock_fprog prog = {.len = pl->bpf_len, .filter = pl->bpf};
-    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) < 0)
+    if ((pl->seccomp_flags ? syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, pl->seccomp_flags, &prog)
+                           : prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0)) < 0)
         fail(1, "seccomp_load the container's filter: %s", strerror(errno));
+}
+
+/* process.scheduler, process.ioPriority and linux.personality: gofer.process.set_scheduling's
+ * calls and its lines, while we still hold CAP_SYS_NICE, in the process that execs (a task
+ * under SCHED_DEADLINE cannot fork). */
+static void set_scheduling(struct plan *pl) {
+    if (pl->sched) {
+        struct { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t priority; uint64_t runtime, deadline,
+                 period; } attr = {sizeof attr, pl->sc.policy, pl->sc.flags, pl->sc.nice, pl->sc.priority,
+                                   pl->sc.runtime, pl->sc.deadline, pl->sc.period};
+        if (syscall(SYS_sched_setattr, 0, &attr, 0) < 0)
+            fail(pl->code_process, "process.scheduler: sched_setattr policy %u nice %d priority %u: %s", pl->sc.policy,
+                 pl->sc.nice, pl->sc.priority, strerror(errno));
+    }
+    if (pl->ioprio && syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, 0, pl->ioprio_class << 13 | pl->ioprio_level) < 0)
+        fail(pl->code_process, "process.ioPriority: ioprio_set class %d priority %d: %s", pl->ioprio_class,
+             pl->ioprio_level, strerror(errno));
+    if (pl->persona && personality(pl->persona_value) < 0)
+        fail(pl->code_process, "linux.personality: personality %#lx: %s", pl->persona_value, strerror(errno));
 }
 
 /* execvpe with the PATH of the process's own environment (Python's os.execvpe), else
@@ -311,6 +351,7 @@ static void process(struct plan *pl) {
     } else if (pl->cwd >= 0 && errno != EACCES && errno != EPERM) {
         fail(pl->code_process, "process.cwd %s: %s", pl->cwd_text, strerror(errno));
     }
+    set_scheduling(pl);
     if (pl->bpf && pl->early_seccomp) load_seccomp(pl); /* needs CAP_SYS_ADMIN: before the user changes */
     for (int cap = 0; cap <= pl->last_cap; cap++)
         if (!(pl->bounding >> cap & 1) && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0)

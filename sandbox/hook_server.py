@@ -50,7 +50,7 @@ claims the id, and the "clone" records follow. run goes as create does, then the
 child starts the container, and for a foreground run answers {"started"}: the launcher,
 pid 1's parent, waits for it and sends its wait status back, and the child removes the
 container as Python's run does and answers with the exit code. A server keeps the code it
-started with: restart it after an upgrade.
+started with: after an upgrade it declines and leaves (the next verb starts the new one).
 
 Which of the launcher's waits have a deadline (sandbox/server_wire.h): the first answer
 (TAKE_UP_S: its child sends it at once; past it, shutdown(SHUT_RD) settles a late one, see
@@ -132,8 +132,9 @@ def serve(args, main) -> int:
     else:
         path = os.path.abspath(args.server or (os.environ.get("SANDBOX_SERVER") if args.verb == "serve" else None)
                                or SOCKET)
+    _filter_cache(path)  # (before the socket is there: a client's child compiles into our own)
+    if listener is None:
         listener = _listen(path)
-    _filter_cache(path)
     from mounts import inventories
     from sandbox.launcher import entry_code
 

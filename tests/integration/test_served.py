@@ -262,22 +262,52 @@ def test_exec_forwards_signals_and_reports_them(server, make_bundle, tmp_path):
         verb("", "--root", root, "delete", "--force", "s1")
 
 
-def test_exec_the_front_end_cannot_plan_runs_in_python(server, make_bundle, tmp_path):
-    """A seccomp flag (or a terminal, scheduling, LSM labels): declined before anything is
-    done, and exec runs in Python as before, with the same result."""
+def test_scheduling_personality_and_seccomp_flags_are_served_as_in_python(server, make_bundle, tmp_path):
+    """process.scheduler, process.ioPriority, linux.personality and seccomp flags: the
+    launcher's create and exec set them as Python does (the policy, nice value and I/O class
+    of pid 1 and of an exec'd process, the personality in uname -m, the filter's errno), and
+    neither is declined; a policy the kernel refuses is the same line on both paths."""
+    import ctypes
+
     path, log, _ = server
     root = tmp_path / "state"
-    profile = {"defaultAction": "SCMP_ACT_ALLOW", "flags": ["SECCOMP_FILTER_FLAG_LOG"],
-               "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]}
-    spec = json.loads((make_bundle(["sleep", "100"]) / "config.json").read_text())
-    spec["linux"]["seccomp"] = profile
-    _launch(path, root, make_bundle(["sleep", "100"], linux=spec["linux"]), "f1", tmp_path)
-    try:
-        r = verb(path, "--root", root, "exec", "f1", "sh", "-c", "mkdir /tmp/y || echo denied")
-        assert (r.returncode, r.stdout.splitlines()[-1]) == (0, "denied"), r.stderr
-    finally:
-        verb("", "--root", root, "delete", "--force", "f1")
-    assert "declined: exec: seccomp flags or a listener" in log.read_text()
+    probe = "cut -d' ' -f19,41 /proc/self/stat; uname -m; mkdir /tmp/y 2>/dev/null || echo denied"
+    spec = json.loads((make_bundle(["true"]) / "config.json").read_text())
+    spec["process"]["scheduler"] = {"policy": "SCHED_BATCH", "nice": 5}
+    spec["process"]["ioPriority"] = {"class": "IOPRIO_CLASS_IDLE", "priority": 0}
+    spec["linux"]["personality"] = {"domain": "LINUX32"}
+    spec["linux"]["seccomp"] = {"defaultAction": "SCMP_ACT_ALLOW", "flags": ["SECCOMP_FILTER_FLAG_LOG"],
+                                "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO",
+                                              "errnoRet": 1}]}
+    outputs = {}
+    libc = ctypes.CDLL(None, use_errno=True)
+    for how, server_path in (("py", ""), ("warm", path)):
+        bundle = make_bundle(["sh", "-c", probe + "; sleep 100"], linux=spec["linux"])
+        config = json.loads((bundle / "config.json").read_text())
+        config["process"].update(scheduler=spec["process"]["scheduler"], ioPriority=spec["process"]["ioPriority"])
+        (bundle / "config.json").write_text(json.dumps(config))
+        _launch(server_path, root, bundle, how, tmp_path)
+        try:
+            pid = json.loads(verb("", "--root", root, "state", how).stdout)["pid"]
+            assert libc.syscall(252, 1, pid) == 3 << 13  # ioprio_get(IOPRIO_WHO_PROCESS, pid): IDLE, 0
+            r = verb(server_path, "--root", root, "exec", how, "sh", "-c", probe)
+            assert r.returncode == 0, r.stderr
+            deadline = time.monotonic() + 10
+            while "denied" not in (tmp_path / f"{how}.out").read_text() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            outputs[how] = ((tmp_path / f"{how}.out").read_text(), r.stdout)
+        finally:
+            verb("", "--root", root, "delete", "--force", how)
+    assert outputs["warm"] == outputs["py"] == ("5 3\ni686\ndenied\n",) * 2, outputs
+    config["process"]["scheduler"] = {"policy": "SCHED_FIFO", "priority": 10}  # (no rt_runtime in the cgroup)
+    config["process"]["args"] = ["true"]
+    (bundle / "config.json").write_text(json.dumps(config))
+    here, warm = (_created(p, root, bundle, f"rt-{how}", tmp_path)[:2] for how, p in (("py", ""), ("warm", path)))
+    assert here[0] == warm[0] == 1 and "sandbox create: process.scheduler: sched_setattr policy 1 nice 0 " \
+        "priority 10: Operation not permitted" in here[1], here
+    assert warm[1] == here[1], (warm, here)
+    assert "declined" not in log.read_text()
+    assert [line.split(": ")[1] for line in served_lines(log)] == ["run", "exec", "create"], log.read_text()
 
 
 def test_a_declined_exec_says_nothing_to_the_caller(server, make_bundle, tmp_path):
@@ -515,22 +545,18 @@ def test_a_failed_create_is_pythons_and_leaves_nothing(server, make_bundle, tmp_
 
 
 def test_create_the_launcher_cannot_serve_runs_in_python(server, make_bundle, tmp_path):
-    """A user namespace, startContainer hooks, a terminal (or scheduling, LSM labels, seccomp flags):
-    declined before anything is done, and create runs in Python as before."""
+    """startContainer hooks, too many variables (or a user namespace, a terminal, LSM labels, a
+    seccomp listener): declined before anything is done, and create runs in Python as before."""
     path, log, _ = server
     root = tmp_path / "state"
-    spec = json.loads((make_bundle(["true"]) / "config.json").read_text())
     hooks = {"startContainer": [{"path": "/bin/true"}]}
-    personality = dict(spec["linux"], personality={"domain": "LINUX32"})
     many = [f"V{i}=x" for i in range(5000)]
     for name, bundle in (("hooks", make_bundle(["sh", "-c", "echo ran"], hooks=hooks)),
-                         ("personality", make_bundle(["sh", "-c", "echo ran"], linux=personality)),
                          ("env", make_bundle(["sh", "-c", "echo ran"], many))):
         warm = _created(path, root, bundle, name, tmp_path)
         assert warm[:3] == (0, "", "ran\n"), (name, warm)
     text = log.read_text()
     assert "declined: create: startContainer hooks" in text
-    assert "declined: create: scheduling or a personality" in text
     assert "declined: create: more arguments, variables, groups or rlimits than the launcher's plan holds" in text
     assert not os.listdir(root)
 

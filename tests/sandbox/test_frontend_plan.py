@@ -14,7 +14,7 @@ import pytest
 
 from gofer import frontend_plan as fp
 from gofer import process
-from mounts.spec import Process
+from mounts.spec import Personality, Process, Seccomp
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,6 +76,26 @@ def test_the_tables_hold_what_python_lets_through(parser):
         assert parse(parser, records(bigger)) == (1, ["refused"])
 
 
+def test_scheduling_personality_and_seccomp_flags_both_sides(parser, tmp_path):
+    """What Python's tail sets with set_scheduling and libseccomp's flags, as numbers."""
+    p = proc(scheduler={"policy": "SCHED_DEADLINE", "flags": ["SCHED_FLAG_RESET_ON_FORK"], "runtime": 10_000_000,
+                        "deadline": 100_000_000, "period": 100_000_000},
+             ioPriority={"class": "IOPRIO_CLASS_IDLE", "priority": 3})
+    persona = msgspec.json.decode(b'{"domain": "LINUX32"}', type=Personality)
+    profile = msgspec.json.decode(b'{"defaultAction": "SCMP_ACT_ALLOW", "flags": ["SECCOMP_FILTER_FLAG_LOG", '
+                                  b'"SECCOMP_FILTER_FLAG_SPEC_ALLOW"]}', type=Seccomp)
+    bpf = tmp_path / "bpf"
+    bpf.write_bytes(b"\x06\0\0\0\0\0\xff\x7f")  # one instruction: RET ALLOW
+    recs = ["plan 1", *fp.process_records(p, persona), *fp.seccomp_records(profile, True), "arg true"]
+    code, out = parse(parser, recs, str(bpf))
+    assert code == 0, out
+    assert "seccomp late flags 6" in out
+    assert "sched 6 1 0 0 10000000 100000000 100000000" in out
+    assert "ioprio 3 3" in out and "personality 8" in out
+    assert fp.unsupported(p, None, profile) is None
+    assert fp.seccomp_records(msgspec.structs.replace(profile, flags=[]), False) == ["seccomp early"]
+
+
 @pytest.mark.parametrize("hostile", [
     ["plan 1", "arg true", "frobnicate 1"],  # a record this launcher does not know
     ["plan 1", "preserve -4", "arg true"],  # would keep every fd of the engine's
@@ -83,6 +103,10 @@ def test_the_tables_hold_what_python_lets_through(parser):
     ["plan 1", "caps 1 2 3", "arg true"],
     ["plan 1", "user 0", "arg true"],
     ["plan 1", "rlimit 7 x y", "arg true"],
+    ["plan 1", "sched 1 0 0", "arg true"],  # fields missing
+    ["plan 1", "sched 1 0 0 0 0 0 0 junk", "arg true"],
+    ["plan 1", "seccomp-flags 8", "arg true"],  # NEW_LISTENER: the plan carries no listener
+    ["plan 1", "personality x", "arg true"],
     ["plan 1"],  # nothing to run
 ])
 def test_hostile_records_are_refused(parser, hostile):

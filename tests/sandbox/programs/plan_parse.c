@@ -25,6 +25,12 @@ int main(int argc, char **argv) {
         printf("rlimit %d %llu %llu\n", pl.rlimits[i].resource, (unsigned long long)pl.rlimits[i].soft,
                (unsigned long long)pl.rlimits[i].hard);
     printf("ns %d cgroups %d cwd %d fifo %d\n", pl.nns, pl.ncgroups, pl.cwd >= 0, pl.fifo >= 0);
+    if (pl.bpf) printf("seccomp %s flags %u\n", pl.early_seccomp ? "early" : "late", pl.seccomp_flags);
+    if (pl.sched)
+        printf("sched %u %llu %d %u %llu %llu %llu\n", pl.sc.policy, pl.sc.flags, pl.sc.nice, pl.sc.priority,
+               pl.sc.runtime, pl.sc.deadline, pl.sc.period);
+    if (pl.ioprio) printf("ioprio %d %d\n", pl.ioprio_class, pl.ioprio_level);
+    if (pl.persona) printf("personality %lu\n", pl.persona_value);
     for (int i = 0; i < pl.argc; i++) printf("arg %s\n", pl.argv[i]);
     for (int i = 0; i < pl.envc; i++) printf("env %s\n", pl.envp[i]);
     return 0;
