@@ -29,16 +29,14 @@ MAX_GROUPS, MAX_RLIMITS, MAX_NS, MAX_CGROUPS = 256, 32, 8, 32
 
 
 def c_defines() -> str:
-    """The limits above as C macros (PLAN_MAX_ITEMS ...), for frontend.c."""
+    """The limits above and the console's deadline as C macros (PLAN_MAX_ITEMS ...), for frontend.c."""
     return "".join(f"#define PLAN_{name} {value}\n" for name, value in (
         ("MAX_FDS", MAX_FDS), ("MAX_ITEMS", MAX_ITEMS), ("MAX_GROUPS", MAX_GROUPS), ("MAX_RLIMITS", MAX_RLIMITS),
-        ("MAX_NS", MAX_NS), ("MAX_CGROUPS", MAX_CGROUPS)))
+        ("MAX_NS", MAX_NS), ("MAX_CGROUPS", MAX_CGROUPS), ("CONSOLE_TIMEOUT_S", int(process.CONSOLE_TIMEOUT))))
 
 
-def unsupported(proc: Process, console, seccomp: Seccomp | None) -> str | None:
+def unsupported(proc: Process, seccomp: Seccomp | None) -> str | None:
     """What the plan cannot carry, or None."""
-    if console is not None or proc.terminal:
-        return "a terminal"
     if proc.apparmor_profile or proc.selinux_label:
         return "an LSM label"
     if seccomp is not None and (seccomp.listener_path or seccomp.default_action == "SCMP_ACT_NOTIFY"
@@ -104,6 +102,13 @@ def seccomp_memfd(bpf: bytes) -> int:
     memfd = os.memfd_create("seccomp-bpf", os.MFD_CLOEXEC)
     os.write(memfd, bpf)
     return memfd
+
+
+def console_records(proc: Process) -> list[str]:
+    """The --console-socket's connection (its fd follows) and the pty's size, for
+    gofer.process.open_console's steps in frontend.c."""
+    size = proc.console_size or {}
+    return ["console", *([f"console-size {size.get('height', 0)} {size.get('width', 0)}"] if size else [])]
 
 
 def command_records(proc: Process, entry: process.Entry) -> list[str]:

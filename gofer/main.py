@@ -311,7 +311,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             spans.add("exec", time.monotonic_ns())
             protocol.send(sock, protocol.Ready(spans.items, host_pid))  # (and we exit: see hand_over)
 
-        remote_init.hand_over(chan, init, spec, bpf, fifo, remote_ready)
+        remote_init.hand_over(chan, init, spec, bpf, fifo, console, remote_ready)
         os._exit(0)
     start_hooks = None
     if hooks is not None and hooks.start_container:

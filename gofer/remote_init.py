@@ -30,6 +30,7 @@ from gofer import enter, process, rootfs
 from gofer import syscalls as sc
 from gofer.frontend_plan import (
     command_records,
+    console_records,
     encode,
     process_records,
     seccomp_memfd,
@@ -64,7 +65,7 @@ def unsupported_create(spec: Spec) -> str | None:
     pids = spec.linux.resources.pids if spec.linux.resources is not None else None
     if pids is not None and 0 < pids.limit < SERVED_PROCESSES:
         return f"a pids limit under {SERVED_PROCESSES}"
-    return unsupported(proc, None, spec.linux.seccomp) or too_big(proc)
+    return unsupported(proc, spec.linux.seccomp) or too_big(proc)
 
 
 def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, socket.socket, int]:
@@ -161,7 +162,8 @@ def shed_privileges(keep: set[int]) -> None:
     prctl.set_no_new_privs(1)
 
 
-def hand_over(chan: socket.socket, init: int, spec: Spec, bpf: bytes | None, fifo: int, ready) -> None:
+def hand_over(chan: socket.socket, init: int, spec: Spec, bpf: bytes | None, fifo: int,
+              console: socket.socket | None, ready) -> None:
     """Send pid 1 its process (looked up inside the root: cwd, HOME), wait until it is the
     container's user, let it go on to wait for start, then ``ready()`` (Ready, after which
     we exit: the supervisor records the container only once we are gone and reaped, so that
@@ -184,6 +186,10 @@ def hand_over(chan: socket.socket, init: int, spec: Spec, bpf: bytes | None, fif
         if bpf is not None and spec.linux.seccomp is not None:
             fds.append(seccomp_memfd(bpf))
             records += seccomp_records(spec.linux.seccomp, proc.no_new_privileges)
+        if console is not None:
+            fds.append(os.dup(console.fileno()))
+            console.close()
+            records += console_records(proc)
         records += command_records(proc, entry)
         data = encode(records, fds)
         if data is None:

@@ -10,7 +10,7 @@ removes it as Python's run does.
 The prestart and createRuntime hooks run here while the builder waits, as in Python; the
 createContainer hooks run from the builder, in the container's namespaces before pivot_root.
 What the launcher's init cannot do is declined before anything happens, and the launcher
-runs create in Python as before: a terminal, a user namespace, a pid or mount namespace that
+runs create in Python as before: a user namespace, a pid or mount namespace that
 is not the container's own, startContainer hooks (pid 1 would run them), and what exec's
 plan cannot carry (gofer/frontend_plan.py)."""
 
@@ -42,7 +42,7 @@ class CreateFrontend:
         in Python."""
         from sandbox.launch import options, read_bundle
 
-        opts = options(args, detached=True, foreground=False)  # (a console socket: declined by the server already)
+        opts = options(args, detached=True, foreground=False)
         try:
             read = read_bundle(opts)
         except SandboxError:

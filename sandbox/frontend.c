@@ -43,13 +43,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <dirent.h>
 #include <unistd.h>
 
@@ -74,7 +77,8 @@ struct plan {
     int nns;
     struct { int fd; const char *path; } cgroups[PLAN_MAX_CGROUPS];
     int ncgroups;
-    int cwd, fifo;
+    int cwd, fifo, console; /* console: the --console-socket's connection */
+    unsigned short rows, cols;
     const char *cwd_text;
     struct sock_filter *bpf;
     unsigned short bpf_len;
@@ -185,7 +189,7 @@ static const char *next_item(const char **p, const char *end) {
 /* The plan's records; -1 on anything malformed (the launcher then says so: never a guess). */
 static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds) {
     memset(pl, 0, sizeof *pl);
-    pl->cwd = -1, pl->fifo = -1, pl->code_process = 1, pl->code_exec = 127, pl->code_bundle = 2;
+    pl->cwd = -1, pl->fifo = -1, pl->console = -1, pl->code_process = 1, pl->code_exec = 127, pl->code_bundle = 2;
     const char *p = buf, *end = buf + n, *item;
     int fdi = 0;
 #define TAKE_FD() (fdi < nfds ? fds[fdi++] : -1)
@@ -238,6 +242,10 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
             if ((pl->cgroups[pl->ncgroups++].fd = TAKE_FD()) < 0) return -1;
         } else if (!strcmp(item, "fifo")) {
             if ((pl->fifo = TAKE_FD()) < 0) return -1;
+        } else if (!strcmp(item, "console")) {
+            if ((pl->console = TAKE_FD()) < 0) return -1;
+        } else if (!strncmp(item, "console-size ", 13)) {
+            if (sscanf(v, "%hu %hu", &pl->rows, &pl->cols) != 2) return -1;
         } else if (!strncmp(item, "cwd ", 4)) {
             pl->cwd_text = v;
             if ((pl->cwd = TAKE_FD()) < 0) return -1;
@@ -343,8 +351,49 @@ static void wait_for_start(struct plan *pl) {
     close(pl->fifo);
 }
 
-/* G: the process, set up as gofer/process.py's become and exec_process do. */
+/* process.terminal: a pty of the container's devpts (we are in its mount namespace); the
+ * master goes to the console socket as runc sends it, the slave becomes our stdio and
+ * controlling terminal in a new session (gofer.process.open_console, its lines). */
+static void open_console(struct plan *pl) {
+    int master = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC), unlock = 0, slave = -1;
+    if (master >= 0 && ioctl(master, TIOCSPTLCK, &unlock) == 0)
+        slave = ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC); /* (no path: the pty itself) */
+    if (slave < 0)
+        fail(pl->code_process, "process.terminal: cannot open a pty in the container: %s (is devpts mounted at "
+             "/dev/pts?)", strerror(errno));
+    struct winsize size = {.ws_row = pl->rows, .ws_col = pl->cols};
+    if ((pl->rows || pl->cols) && ioctl(slave, TIOCSWINSZ, &size) < 0)
+        fail(pl->code_process, "process.consoleSize: %s", strerror(errno));
+    /* a deadline on the send (the server's connection was non-blocking, with one) */
+    struct timeval limit = {.tv_sec = PLAN_CONSOLE_TIMEOUT_S};
+    fcntl(pl->console, F_SETFL, fcntl(pl->console, F_GETFL) & ~O_NONBLOCK);
+    setsockopt(pl->console, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+    char name[] = "/dev/ptmx";
+    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } control;
+    struct iovec iov = {.iov_base = name, .iov_len = sizeof name - 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &master, sizeof(int));
+    ssize_t sent;
+    do sent = sendmsg(pl->console, &msg, MSG_NOSIGNAL); while (sent < 0 && errno == EINTR);
+    if (sent < 0)
+        fail(pl->code_process, "--console-socket: cannot send the terminal: %s",
+             errno == EAGAIN || errno == EWOULDBLOCK ? "timed out" : strerror(errno));
+    close(master);
+    close(pl->console);
+    pl->console = -1;
+    setsid();
+    if (ioctl(slave, TIOCSCTTY, 0) < 0) fail(pl->code_process, "process.terminal: TIOCSCTTY: %s", strerror(errno));
+    for (int fd = 0; fd < 3; fd++)
+        if (dup2(slave, fd) < 0) fail(pl->code_process, "process.terminal: dup2: %s", strerror(errno));
+    close(slave);
+}
+
+/* G: the process, set up as gofer/process.py's tail, become and exec_process do. */
 static void process(struct plan *pl) {
+    if (pl->console >= 0) open_console(pl);
     if (pl->cwd >= 0 && fchdir(pl->cwd) == 0) { /* as root first (a 0700 cwd is still the process's) */
         close(pl->cwd);
         pl->cwd = -1;
@@ -627,8 +676,8 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds, char **a
     }
     pid_t c = fork();
     if (c == 0) { /* C: before it joins, nothing of the caller's but stdio and the preserved fds */
-        int keep[2 + PLAN_MAX_NS + PLAN_MAX_CGROUPS], nkeep = 0;
-        keep[nkeep++] = report[1], keep[nkeep++] = pl.cwd;
+        int keep[3 + PLAN_MAX_NS + PLAN_MAX_CGROUPS], nkeep = 0;
+        keep[nkeep++] = report[1], keep[nkeep++] = pl.cwd, keep[nkeep++] = pl.console;
         for (int i = 0; i < pl.nns; i++) keep[nkeep++] = pl.ns[i].fd;
         for (int i = 0; i < pl.ncgroups; i++) keep[nkeep++] = pl.cgroups[i].fd;
         close_except(3 + (unsigned)pl.preserve, keep, nkeep);

@@ -132,9 +132,8 @@ def serve(args, main) -> int:
     else:
         path = os.path.abspath(args.server or (os.environ.get("SANDBOX_SERVER") if args.verb == "serve" else None)
                                or SOCKET)
-    _filter_cache(path)  # (before the socket is there: a client's child compiles into our own)
-    if listener is None:
         listener = _listen(path)
+    _filter_cache(path)
     from mounts import inventories
     from sandbox.launcher import entry_code
 
@@ -518,9 +517,8 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
         _decline(conn, "a request the launcher does not send", read=False)
         return 0
     if verb in ("exec", "create", "run"):
-        lean = flags.lean_args(argv)
-        if lean is None or getattr(lean, "tty", False) or lean.console_socket:  # (before a console socket is connected)
-            _decline(conn, f"{verb}: a terminal, or a command line for argparse", read=False)
+        if flags.lean_args(argv) is None:
+            _decline(conn, f"{verb}: a command line for argparse", read=False)
             return 0
     try:
         os.chdir(cwd)

@@ -57,7 +57,7 @@ class WarmServer:
             self.proc = subprocess.Popen([SANDBOX, "serve", "--server", str(self.path)], stdin=subprocess.DEVNULL,
                                          stdout=out, stderr=out, start_new_session=True)
         deadline = time.monotonic() + 20
-        while not self.path.exists():
+        while "listening on" not in self.log.read_text():  # (its socket bound, and its filter cache made)
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"sandbox serve did not listen: {self.log.read_text()}")
             time.sleep(0.02)

@@ -310,19 +310,80 @@ def test_scheduling_personality_and_seccomp_flags_are_served_as_in_python(server
     assert [line.split(": ")[1] for line in served_lines(log)] == ["run", "exec", "create"], log.read_text()
 
 
-def test_a_declined_exec_says_nothing_to_the_caller(server, make_bundle, tmp_path):
-    """exec -t (a terminal: Python's exec, not the front end): the same answer as without a
-    server, the decline in the server's log alone."""
+def _pty_output(listener, until: bytes) -> tuple[bytes, bytes]:
+    """The pty master a --console-socket receives, read until ``until`` (the name sent with it)."""
+    import socket
+
+    listener.settimeout(30)
+    conn, _ = listener.accept()
+    with conn:
+        msg, fds, _flags, _addr = socket.recv_fds(conn, 1024, 1)
+    out = b""
+    deadline = time.monotonic() + 20
+    try:
+        while until not in out and time.monotonic() < deadline:
+            try:
+                out += os.read(fds[0], 1024)
+            except OSError:
+                break
+    finally:
+        os.close(fds[0])
+    return msg, out
+
+
+def test_a_terminal_is_served_as_in_python(server, make_bundle, tmp_path):
+    """process.terminal with --console-socket, for create and for exec -t: the launcher opens
+    the pty in the container's devpts and sends its master (named /dev/ptmx) as Python does,
+    the process runs on it as its controlling terminal with the spec's consoleSize; exec -t
+    without a console socket keeps the caller's stdio, as in Python. Nothing is declined."""
+    import socket
+    import threading
+
     path, log, _ = server
     root = tmp_path / "state"
-    _launch(path, root, make_bundle(["sleep", "100"]), "t1", tmp_path)
-    try:
-        here = verb("", "--root", root, "exec", "-t", "t1", "true")
-        warm = verb(path, "--root", root, "exec", "-t", "t1", "true")
-        assert (warm.returncode, warm.stdout, warm.stderr) == (here.returncode, here.stdout, here.stderr)
-    finally:
-        verb("", "--root", root, "delete", "--force", "t1")
-    assert "declined: exec: a terminal" in log.read_text()
+    probe = "tty; stty size; [ $(cut -d' ' -f7 /proc/$$/stat) != 0 ] && echo ctty; echo on-the-pty"
+    bundle = make_bundle(["sh", "-c", probe + "; sleep 100"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"].update(terminal=True, consoleSize={"height": 30, "width": 100})
+    (bundle / "config.json").write_text(json.dumps(spec))
+    seen = {}
+    for how, server_path in (("py", ""), ("warm", path)):
+        sock_path = str(tmp_path / f"{how}.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(sock_path)
+        listener.listen(4)
+        got: dict = {}
+
+        def read(kind, listener=listener, got=got):
+            got[kind] = _pty_output(listener, b"on-the-pty")
+
+        reader = threading.Thread(target=read, args=("create",))
+        reader.start()
+        try:
+            r = subprocess.run([str(LAUNCHER), "--root", str(root), "create", "-b", str(bundle), "--console-socket",
+                                sock_path, how], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                               env=dict(os.environ, SANDBOX_SERVER=str(server_path)))
+            assert r.returncode == 0, r.stderr
+            assert verb("", "--root", root, "start", how).returncode == 0
+            reader.join(30)
+            reader = threading.Thread(target=read, args=("exec",))
+            reader.start()
+            r = verb(server_path, "--root", root, "exec", "-t", "--console-socket", sock_path, how, "sh", "-c", probe)
+            assert r.returncode == 0, r.stderr
+            reader.join(30)
+            plain = verb(server_path, "--root", root, "exec", "-t", how, "sh", "-c", "tty; echo done")
+            seen[how] = (got, plain.returncode, plain.stdout, plain.stderr)
+        finally:
+            listener.close()
+            verb("", "--root", root, "delete", "--force", how)
+    assert seen["warm"] == seen["py"], seen
+    got = seen["py"][0]
+    assert got["create"][0] == got["exec"][0] == b"/dev/ptmx"
+    assert got["create"][1].split(b"\r\n")[:4] == [b"/dev/pts/0", b"30 100", b"ctty", b"on-the-pty"], got
+    assert got["exec"][1].split(b"\r\n")[1:4] == [b"30 100", b"ctty", b"on-the-pty"], got
+    assert seen["py"][1:3] == (0, "not a tty\ndone\n"), seen
+    assert "declined" not in log.read_text()
+    assert [line.split(": ")[1] for line in served_lines(log)] == ["create", "exec", "exec"], log.read_text()
 
 
 def test_a_kubernetes_pod_with_the_warm_server(tmp_path_factory, driver_root, monkeypatch):
@@ -545,8 +606,8 @@ def test_a_failed_create_is_pythons_and_leaves_nothing(server, make_bundle, tmp_
 
 
 def test_create_the_launcher_cannot_serve_runs_in_python(server, make_bundle, tmp_path):
-    """startContainer hooks, too many variables (or a user namespace, a terminal, LSM labels, a
-    seccomp listener): declined before anything is done, and create runs in Python as before."""
+    """startContainer hooks, too many variables (or a user namespace, LSM labels, a seccomp
+    listener): declined before anything is done, and create runs in Python as before."""
     path, log, _ = server
     root = tmp_path / "state"
     hooks = {"startContainer": [{"path": "/bin/true"}]}

@@ -76,8 +76,9 @@ def test_the_tables_hold_what_python_lets_through(parser):
         assert parse(parser, records(bigger)) == (1, ["refused"])
 
 
-def test_scheduling_personality_and_seccomp_flags_both_sides(parser, tmp_path):
-    """What Python's tail sets with set_scheduling and libseccomp's flags, as numbers."""
+def test_scheduling_personality_seccomp_flags_and_console_both_sides(parser, tmp_path):
+    """What Python's tail sets with set_scheduling and libseccomp's flags, as numbers; the
+    console's connection and size."""
     p = proc(scheduler={"policy": "SCHED_DEADLINE", "flags": ["SCHED_FLAG_RESET_ON_FORK"], "runtime": 10_000_000,
                         "deadline": 100_000_000, "period": 100_000_000},
              ioPriority={"class": "IOPRIO_CLASS_IDLE", "priority": 3})
@@ -92,7 +93,11 @@ def test_scheduling_personality_and_seccomp_flags_both_sides(parser, tmp_path):
     assert "seccomp late flags 6" in out
     assert "sched 6 1 0 0 10000000 100000000 100000000" in out
     assert "ioprio 3 3" in out and "personality 8" in out
-    assert fp.unsupported(p, None, profile) is None
+    assert fp.unsupported(p, profile) is None
+    sized = proc(terminal=True, consoleSize={"height": 30, "width": 100})
+    assert parse(parser, ["plan 1", *fp.console_records(sized), "arg true"], "/dev/null")[1][-2:] == [
+        "console 30 100", "arg true"]
+    assert fp.console_records(proc(terminal=True)) == ["console"]
     assert fp.seccomp_records(msgspec.structs.replace(profile, flags=[]), False) == ["seccomp early"]
 
 
@@ -107,6 +112,8 @@ def test_scheduling_personality_and_seccomp_flags_both_sides(parser, tmp_path):
     ["plan 1", "sched 1 0 0 0 0 0 0 junk", "arg true"],
     ["plan 1", "seccomp-flags 8", "arg true"],  # NEW_LISTENER: the plan carries no listener
     ["plan 1", "personality x", "arg true"],
+    ["plan 1", "console", "arg true"],  # its fd not sent
+    ["plan 1", "console-size 30", "arg true"],
     ["plan 1"],  # nothing to run
 ])
 def test_hostile_records_are_refused(parser, hostile):

@@ -31,6 +31,7 @@ int main(int argc, char **argv) {
                pl.sc.runtime, pl.sc.deadline, pl.sc.period);
     if (pl.ioprio) printf("ioprio %d %d\n", pl.ioprio_class, pl.ioprio_level);
     if (pl.persona) printf("personality %lu\n", pl.persona_value);
+    if (pl.console >= 0) printf("console %hu %hu\n", pl.rows, pl.cols);
     for (int i = 0; i < pl.argc; i++) printf("arg %s\n", pl.argv[i]);
     for (int i = 0; i < pl.envc; i++) printf("env %s\n", pl.envp[i]);
     return 0;
