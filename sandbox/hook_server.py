@@ -103,6 +103,7 @@ def _trusted_peer(conn) -> bool:
 MAX_CHILDREN = 64  # hooks and verbs served at once; more are told to do the work themselves
 MAX_WAITING = 256  # connections whose request has not come yet; more are told so too
 REQUEST_TIMEOUT = 2.0  # s for a client to send its request (ours send it right after connect)
+LINGER = 0.2  # s a leaving server still accepts, its socket gone: a client that found it just before is served
 
 
 def serve(args, main) -> int:
@@ -122,8 +123,6 @@ def serve(args, main) -> int:
 
     _preload()
     idle = getattr(args, "idle_exit", 0)  # (`hook serve` has none)
-    if idle:
-        _take_pid1s_place()
     listener = _activated()
     if listener is not None:
         path = listener.getsockname()
@@ -138,7 +137,8 @@ def serve(args, main) -> int:
     from sandbox.launcher import entry_code
 
     global _PROGRAM
-    _PROGRAM, stamp = entry_code(), _code_stamp()
+    code = _code_files()
+    _PROGRAM, stamp = entry_code(), _code_stamp(code)
 
     # the inventories our children discover come back here, for the children forked after
     reports, inventories.REPORT = inventories.report_pair()
@@ -160,37 +160,40 @@ def serve(args, main) -> int:
     signal.set_wakeup_fd(wake[1], warn_on_full_buffer=False)
     poll.register(wake[0], select.POLLIN)
     waiting: dict[int, tuple] = {}  # fd -> (connection, deadline), in the order they came
-    busy, leaving = time.monotonic(), False  # (idle: the last time a request or child was there)
+    busy = time.monotonic()  # (idle: the last time a request or child was there)
+    leaving: float | None = None  # when our socket went
     try:
         while True:
             timeout = None
             if waiting:
                 first = next(iter(waiting.values()))[1]
                 timeout = max(0, int((first - time.monotonic()) * 1000) + 1)
-            elif leaving:
-                timeout = 0
+            elif leaving is not None:
+                timeout = max(0, int((leaving + LINGER - time.monotonic()) * 1000) + 1)
             elif idle and not _children:
                 timeout = max(0, int((busy + idle - time.monotonic()) * 1000) + 1)
             events = poll.poll(timeout)
             if _children or waiting:
                 busy = time.monotonic()
-            if not (events or waiting or _children) and (leaving or (idle and time.monotonic() >= busy + idle)):
-                if leaving:
-                    break  # (what came before the socket went is served)
+            now = time.monotonic()
+            if not (events or waiting or _children) and (
+                    (leaving is not None and now >= leaving + LINGER) or (idle and leaving is None and now >= busy + idle)):
+                if leaving is not None:
+                    break  # (what came before the socket went, and while it lingered, is served)
                 # idle: the socket goes first, then those already queued on it are served
                 print(f"sandbox hook serve: idle {idle} s: leaving", file=sys.stderr, flush=True)
                 _unbind(path)
-                leaving = True
+                leaving = now
                 continue
             for fd, _events in events:
                 if fd == listener.fileno():
                     for conn in _accept_all(listener):
                         if not _trusted_peer(conn):
                             _decline(conn, "a hook server serves only root with CAP_SYS_ADMIN in its namespaces and root")
-                        elif _code_stamp() != stamp:
+                        elif _code_stamp(code) != stamp:
                             _decline(conn, "the server's code changed since it started (an upgrade): it leaves")
                             _unbind(path)
-                            leaving = True
+                            leaving = leaving or time.monotonic()
                         elif len(waiting) >= MAX_WAITING:
                             _decline(conn, f"{MAX_WAITING} connections wait for their request")
                         else:
@@ -243,65 +246,30 @@ def _unbind(path: str) -> None:
         pass
 
 
-def _code_stamp() -> list[tuple[int, int]]:
-    """Our packages' directories as they are now (inode, mtime): an upgrade replaces their
-    files, and a server that kept the code it started with would serve the new installation's
-    clients with the old code."""
+def _code_files() -> list[str]:
+    """Our packages' directories and every module of theirs loaded so far (the server's,
+    preloaded: the ones its children run)."""
     import gofer
     import mounts
     import sandbox
 
+    tops = tuple(os.path.dirname(p.__file__ or "") for p in (sandbox, gofer, mounts))
+    files = {getattr(m, "__file__", None) for m in list(sys.modules.values())}
+    return [*tops, *sorted(f for f in files if isinstance(f, str) and f.startswith(tops))]
+
+
+def _code_stamp(files: list[str]) -> list[tuple[int, int, int]]:
+    """``files`` as they are now (inode, mtime, size): an upgrade replaces or rewrites them,
+    and a server that kept the code it started with would serve the new installation's
+    clients with the old code. (~70 stats: tens of microseconds a connection.)"""
     stamp = []
-    for package in (sandbox, gofer, mounts):
+    for path in files:
         try:
-            st = os.stat(os.path.dirname(package.__file__ or ""))
-            stamp.append((st.st_ino, st.st_mtime_ns))
+            st = os.stat(path)
+            stamp.append((st.st_ino, st.st_mtime_ns, st.st_size))
         except OSError:
-            stamp.append((0, 0))
+            stamp.append((0, 0, 0))
     return stamp
-
-
-def _take_pid1s_place() -> None:
-    """A server a client started (``--idle-exit``: sandbox/server_connect.h) serves the whole
-    node: it leaves that client's cgroups, limits and scheduling (an engine's unit, a pod's
-    shim) for pid 1's, each as far as the kernel lets it; an engine stopped or limited must
-    not take the node's server along."""
-    import resource
-
-    from gofer.cgroups.common import cgroup_dirs
-
-    me = str(os.getpid()).encode()
-    try:
-        dirs = cgroup_dirs(1)
-    except (OSError, ValueError):
-        dirs = []
-    for d in dirs:
-        try:
-            fd = os.open(os.path.join(d, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                os.write(fd, me)
-            finally:
-                os.close(fd)
-        except OSError:
-            pass
-    for name in dir(resource):
-        if name.startswith("RLIMIT_"):
-            try:
-                resource.setrlimit(getattr(resource, name), resource.prlimit(1, getattr(resource, name)))
-            except (OSError, ValueError):
-                pass
-    try:
-        with open("/proc/1/oom_score_adj") as f:
-            adj = f.read()
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write(adj)
-    except OSError:
-        pass
-    try:
-        os.sched_setaffinity(0, os.sched_getaffinity(1))
-        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 1))
-    except OSError:
-        pass
 
 
 def _accept_all(listener) -> list:

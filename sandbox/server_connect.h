@@ -5,9 +5,9 @@
  *
  * A server is started only by a caller that is the node's root: uid 0, every capability of
  * its bounding set effective and that set at least pid 1's, no seccomp filter, no
- * no_new_privs, the node's namespaces (user, pid, uts, ipc, cgroup and time by the kernel's
- * fixed inodes of the initial ones; mount and net as pid 1's, or kthreadd's where pid 1's
- * cannot be read), and only below directories that are root's and writable by no one else
+ * no_new_privs, the node's namespaces (user, pid, uts, ipc, cgroup and time, and those its
+ * children would get, by the kernel's fixed inodes of the initial ones; mount and net as
+ * pid 1's, or kthreadd's where pid 1's cannot be read), pid 1's root, and only below directories that are root's and writable by no one else
  * (the socket's directory is made 0700 where missing). Anything else connects or falls back
  * as before, with no server started. A lock on the socket's directory makes one starter of
  * many; the loser connects to the winner's server.
@@ -15,9 +15,9 @@
  * The server (`sandbox serve --idle-exit N`, N from $SANDBOX_SERVER_IDLE: default 600 s,
  * 0: never start one) gets the bound socket as systemd would pass it (fd 3, LISTEN_FDS=1),
  * /dev/null on stdin, SOCKET.log on stdout and stderr (emptied past LOG_CAP), "/" as its cwd,
- * PATH alone as its environment, a session of its own, no other fd of ours, default signals;
- * it takes pid 1's cgroups, limits and scheduling itself (hook_server._take_pid1s_place),
- * and leaves once idle N seconds, its socket removed first.
+ * PATH alone as its environment, a session of its own, no other fd of ours, default signals,
+ * and a service's place on the node (node_place); it leaves once idle N seconds, its socket
+ * removed first.
  */
 #ifndef SANDBOX_SERVER_CONNECT_H
 #define SANDBOX_SERVER_CONNECT_H
@@ -28,7 +28,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/file.h>
+#include <sys/personality.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -102,8 +104,8 @@ static int node_root(void) {
     struct rlimit files;
     if (getuid() != 0 || geteuid() != 0) return 0;
     long long eff = status_field("self", "CapEff"), bnd = status_field("self", "CapBnd");
-    long long init = status_field("1", "CapBnd");
-    if (eff < 0 || eff != bnd || init < 0 || (bnd & init) != init || status_field("self", "Seccomp") != 0
+    long long bnd1 = status_field("1", "CapBnd");
+    if (eff < 0 || eff != bnd || bnd1 < 0 || (bnd & bnd1) != bnd1 || status_field("self", "Seccomp") != 0
         || status_field("self", "NoNewPrivs") != 0)
         return 0;
     if (getrlimit(RLIMIT_NOFILE, &files) < 0 || files.rlim_max < 1024) return 0;
@@ -115,12 +117,20 @@ static int node_root(void) {
         }
         if (st.st_ino != initial[i].ino) return 0;
     }
-    for (const char *const *ns = (const char *const[]){"mnt", "net", NULL}; *ns; ns++) {
-        int same = same_ns(*ns, "1");
-        if (same < 0) same = same_ns(*ns, "2"); /* (pid 1's unreadable: kthreadd's, in the initial pid ns) */
-        if (same != 1) return 0;
+    for (size_t i = 0; i < 2; i++) { /* where our children would go (an unshare -p without a fork: a
+                                       * new one, unreadable until its first process) */
+        snprintf(path, sizeof path, "/proc/self/ns/%s_for_children", i ? "time" : "pid");
+        if (lstat(path, &st) < 0 && errno == ENOENT) continue; /* (a kernel without it) */
+        if (stat(path, &st) < 0 || st.st_ino != (i ? 0xEFFFFFFA : 0xEFFFFFFC)) return 0;
     }
-    return 1;
+    const char *init = "1";
+    int same = same_ns("mnt", init);
+    if (same < 0) same = same_ns("mnt", init = "2"); /* (pid 1's unreadable: kthreadd's, in the initial pid ns) */
+    if (same != 1 || same_ns("net", init) != 1) return 0;
+    struct stat ours, theirs; /* and its root: not a chroot */
+    snprintf(path, sizeof path, "/proc/%s/root", init);
+    return stat("/", &ours) == 0 && stat(path, &theirs) == 0 && ours.st_dev == theirs.st_dev
+           && ours.st_ino == theirs.st_ino;
 }
 
 /* The directory dir (absolute), opened, where it and every directory on the way from / is
@@ -161,20 +171,68 @@ static int root_only_dir(const char *dir) {
     }
 }
 
-/* In the server's process, never returns: its fds, cwd, environment and signals, then argv. */
+/* The node's place for the server, as a service's, instead of its starter's (an engine's
+ * unit, a pod's shim: stopped or limited, it must not take the node's server along, nor
+ * pass on what it set for itself): the root cgroup of each hierarchy, pid 1's resource
+ * limits but a service's open files (1024, hard up to 524288), OOM score 0, SCHED_OTHER at
+ * nice 0, no I/O class, the plain Linux personality, pid 1's CPUs, a session keyring of its
+ * own. Each as far as the kernel lets it. */
+static void node_place(void) {
+    char line[4096], me[32], root[1024], point[1024], procs[1100];
+    snprintf(me, sizeof me, "%d", (int)getpid());
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    while (f && fgets(line, sizeof line, f)) {
+        const char *dash = strstr(line, " - ");
+        if (!dash || (strncmp(dash + 3, "cgroup ", 7) && strncmp(dash + 3, "cgroup2 ", 8))) continue;
+        if (sscanf(line, "%*d %*d %*s %1023s %1023s", root, point) != 2 || strcmp(root, "/")) continue;
+        snprintf(procs, sizeof procs, "%s/cgroup.procs", point);
+        int fd = open(procs, O_WRONLY | O_CLOEXEC);
+        if (fd >= 0 && write(fd, me, strlen(me)) < 0) {} /* (best effort) */
+        if (fd >= 0) close(fd);
+    }
+    if (f) fclose(f);
+    for (int r = 0; r < RLIM_NLIMITS; r++) {
+        struct rlimit rl;
+        if (prlimit(1, (enum __rlimit_resource)r, NULL, &rl) < 0) continue;
+        if (r == RLIMIT_NOFILE) {
+            if (rl.rlim_max > 524288) rl.rlim_max = 524288;
+            rl.rlim_cur = rl.rlim_max < 1024 ? rl.rlim_max : 1024;
+        }
+        setrlimit((enum __rlimit_resource)r, &rl);
+    }
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0 && write(fd, "0", 1) < 0) {}
+    if (fd >= 0) close(fd);
+    struct sched_param sp = {0};
+    sched_setscheduler(0, SCHED_OTHER, &sp);
+    setpriority(PRIO_PROCESS, 0, 0);
+    syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, 0, 0 /* IOPRIO_CLASS_NONE */);
+    personality(PER_LINUX);
+    cpu_set_t cpus;
+    if (sched_getaffinity(1, sizeof cpus, &cpus) == 0) sched_setaffinity(0, sizeof cpus, &cpus);
+    syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL);
+}
+
+/* In the server's process, never returns: its place, fds, cwd, environment and signals,
+ * then argv. */
 static void exec_server(int listener, int dirfd, const char *base, char *const *argv) {
     char log[NAME_MAX + 1], pid[32];
+    node_place();
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
     snprintf(log, sizeof log, "%s.log", base);
     int out = openat(dirfd, log, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    struct stat st;
+    struct stat st = {0};
     if (out >= 0 && fstat(out, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > LOG_CAP) ftruncate(out, 0);
     int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (out < 0 || null < 0 || !S_ISREG(st.st_mode) || dup2(null, 0) < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0
-        || (listener == 3 ? fcntl(3, F_SETFD, 0) : dup2(listener, 3)) < 0 || syscall(SYS_close_range, 4, ~0U, 0) < 0
+    /* above 3, each: none may be 0-2 (a caller with those closed) or 3 when a dup2 comes */
+    out = out >= 0 ? fcntl(out, F_DUPFD_CLOEXEC, 4) : -1;
+    null = null >= 0 ? fcntl(null, F_DUPFD_CLOEXEC, 4) : -1;
+    listener = fcntl(listener, F_DUPFD_CLOEXEC, 4);
+    if (out < 0 || null < 0 || listener < 0 || !S_ISREG(st.st_mode) || dup2(null, 0) < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0
+        || dup2(listener, 3) < 0 || syscall(SYS_close_range, 4, ~0U, 0) < 0
         || chdir("/") < 0)
         _exit(127);
     umask(022);

@@ -123,7 +123,8 @@ def test_a_server_outlives_a_verb_served_while_idle_passes(sock, make_bundle, tm
 
 
 @pytest.mark.parametrize("why", ["idle 0", "idle not a number", "not root", "a smaller bounding set", "no_new_privs",
-                                 "another mount namespace", "a directory others may write"])
+                                 "another mount namespace", "a pid namespace for its children",
+                                 "a directory others may write"])
 def test_only_the_nodes_root_starts_one(sock, tmp_path, why):
     idle, cmd = {"idle 0": ("0", []), "idle not a number": ("1m", [])}.get(why, ("60", []))
     if why == "not root":
@@ -134,6 +135,8 @@ def test_only_the_nodes_root_starts_one(sock, tmp_path, why):
         cmd = ["setpriv", "--no-new-privs"]
     elif why == "another mount namespace":
         cmd = ["unshare", "-m", "--propagation", "private"]
+    elif why == "a pid namespace for its children":  # (no --fork: the verb in ours, its server in a new one)
+        cmd = ["unshare", "-p"]
     elif why == "a directory others may write":
         sock.parent.mkdir(mode=0o700)
         sock.parent.chmod(0o777)
@@ -156,20 +159,36 @@ def test_many_first_verbs_at_once_start_one_server(sock, tmp_path):
     assert len(served(sock, 8)) == 8, Path(f"{sock}.log").read_text()
 
 
-def test_a_server_takes_pid1s_cgroups_not_its_starters(sock, tmp_path):
+def test_a_server_takes_a_services_place_not_its_starters(sock, tmp_path):
+    """Started from a cgroup of its own, at nice 5 under SCHED_IDLE, with the I/O class
+    idle, ASLR off and an OOM score of 500: the server is in each hierarchy's root cgroup,
+    SCHED_OTHER at nice 0, no I/O class, the plain personality, OOM score 0."""
+    import ctypes
+
     from gofer.cgroups.common import cgroup_dirs
 
     mine = Path(cgroup_dirs(1)[0]) / f"sandbox-test-start-{os.getpid()}"
     mine.mkdir()
+    libc = ctypes.CDLL(None, use_errno=True)
     try:
-        def enter():
+        def odd():
             (mine / "cgroup.procs").write_text(str(os.getpid()))
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.nice(5)
+            libc.syscall(251, 1, 0, 3 << 13)  # ioprio_set(IOPRIO_WHO_PROCESS, self, IDLE)
+            libc.personality(0x0040000)  # ADDR_NO_RANDOMIZE
+            Path("/proc/self/oom_score_adj").write_text("500")
 
-        res = verb(sock, "--root", tmp_path, "state", "nope", preexec_fn=enter)
+        res = verb(sock, "--root", tmp_path, "state", "nope", preexec_fn=odd)
         assert NOPE in res.stderr
         [pid] = servers(sock)
-        with open(f"/proc/{pid}/cgroup") as f, open("/proc/1/cgroup") as g:
-            assert f.read() == g.read()
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        assert lines and all(line.endswith(":/") for line in lines), lines
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        assert (stat[16], stat[38]) == ("0", "0")  # nice, policy
+        assert libc.syscall(252, 1, pid) == 0  # ioprio_get: none set
+        assert Path(f"/proc/{pid}/personality").read_text().strip() == "00000000"
+        assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "0"
     finally:
         for pid in servers(sock):
             os.kill(pid, signal.SIGKILL)
@@ -205,12 +224,13 @@ def test_a_client_of_another_installation_is_declined(sock, tmp_path):
     s.close()
 
 
-def test_an_upgraded_server_declines_and_leaves(sock, tmp_path):
+@pytest.mark.parametrize("changed", ["sandbox", "sandbox/hook_server.py"])  # renames into it; a file rewritten
+def test_an_upgraded_server_declines_and_leaves(sock, tmp_path, changed):
     verb(sock, "--root", tmp_path, "state", "nope")
     [pid] = servers(sock)
-    package = REPO / "sandbox"
+    package = REPO / changed
     st = package.stat()
-    os.utime(package, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # as an upgrade's renames do
+    os.utime(package, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # as an upgrade does
     try:
         res = verb(sock, "--root", tmp_path, "state", "nope")
         assert NOPE in res.stderr  # (in the launcher's own Python)
