@@ -110,7 +110,8 @@ def run(argv: list[str] | None = None) -> None:
     code = main(argv)
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:  # (None: the caller closed that fd)
+                stream.flush()
         except (OSError, ValueError):
             pass
     os._exit(code)

@@ -137,6 +137,7 @@ def serve(args, main) -> int:
     from sandbox.launcher import entry_code
 
     global _PROGRAM
+    _cap_log()
     code = _code_files()
     _PROGRAM, stamp = entry_code(), _code_stamp(code)
 
@@ -207,6 +208,7 @@ def serve(args, main) -> int:
                     with conn:
                         if _has_request(conn):
                             inventories.receive(reports)  # (what children sent since: never waited for)
+                            _cap_log()
                             _fork_child(conn, [listener, reports, *(c for c, _ in waiting.values())], wake, main)
                 elif fd == wake[0]:  # (emptied: the handlers themselves run between bytecodes)
                     try:
@@ -242,6 +244,23 @@ def _unbind(path: str) -> None:
     try:
         if _bound.pop(path, None) == os.lstat(path).st_ino:
             os.unlink(path)
+    except OSError:
+        pass
+
+
+LOG_CAP = 1 << 20  # bytes of a log file of ours kept: past it, emptied
+
+
+def _cap_log() -> None:
+    """Our log, where it is a file we append to (a client's start: SOCKET.log on /run, in
+    memory), emptied once past LOG_CAP: a line a request must not fill a node's memory."""
+    import fcntl
+    import stat
+
+    try:
+        st = os.fstat(2)
+        if stat.S_ISREG(st.st_mode) and st.st_size > LOG_CAP and fcntl.fcntl(2, fcntl.F_GETFL) & os.O_APPEND:
+            os.ftruncate(2, 0)
     except OSError:
         pass
 

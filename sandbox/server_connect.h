@@ -14,7 +14,7 @@
  *
  * The server (`sandbox serve --idle-exit N`, N from $SANDBOX_SERVER_IDLE: default 600 s,
  * 0: never start one) gets the bound socket as systemd would pass it (fd 3, LISTEN_FDS=1),
- * /dev/null on stdin, SOCKET.log on stdout and stderr (emptied past LOG_CAP), "/" as its cwd,
+ * /dev/null on stdin, SOCKET.log on stdout and stderr (appended to), "/" as its cwd,
  * PATH alone as its environment, a session of its own, no other fd of ours, default signals,
  * and a service's place on the node (node_place); it leaves once idle N seconds, its socket
  * removed first.
@@ -41,7 +41,6 @@
 #include <unistd.h>
 
 #define IDLE_DEFAULT "600"
-#define LOG_CAP (1 << 20) /* bytes of SOCKET.log kept: past it, emptied as a server starts */
 #define SERVER_PATH_ENV "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 /* A connection to the server at path whose peer is root's, or -1 with errno (ENOENT or
@@ -225,7 +224,7 @@ static void exec_server(int listener, int dirfd, const char *base, char *const *
     snprintf(log, sizeof log, "%s.log", base);
     int out = openat(dirfd, log, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     struct stat st = {0};
-    if (out >= 0 && fstat(out, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > LOG_CAP) ftruncate(out, 0);
+    if (out >= 0) fstat(out, &st); /* (the server empties it past its LOG_CAP) */
     int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
     /* above 3, each: none may be 0-2 (a caller with those closed) or 3 when a dup2 comes */
     out = out >= 0 ? fcntl(out, F_DUPFD_CLOEXEC, 4) : -1;

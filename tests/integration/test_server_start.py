@@ -241,3 +241,29 @@ def test_an_upgraded_server_declines_and_leaves(sock, tmp_path, changed):
     finally:
         os.utime(package, ns=(st.st_atime_ns, st.st_mtime_ns))
 
+
+
+def test_a_starter_without_stdout_and_stderr_and_a_full_log(sock, tmp_path, driver_root):
+    """The hook client with fds 1 and 2 closed starts the server (its fds collided with the
+    log's and the socket's) and a log left over 1 MiB is emptied: the server listens and
+    serves."""
+    if not HOOK_CLIENT.is_file():
+        pytest.skip("sandbox-hook is not built (scripts/setup builds it)")
+    from sandbox.launcher import entry_code
+
+    sock.parent.mkdir(mode=0o700)
+    Path(f"{sock}.log").write_bytes(b"x" * (2 << 20))
+    hook = [str(REPO / ".venv/bin/python"), "-I", "-S", "-c", entry_code(), "hook", "--driver-root",
+            str(driver_root), "--server", str(sock)]
+    state = json.dumps({"ociVersion": "1.0.2", "id": "h1", "pid": 999999999, "bundle": str(tmp_path / "none")})
+    env = {"PATH": os.environ["PATH"], "SANDBOX_SERVER_IDLE": "60"}
+    subprocess.run(["sh", "-c", 'exec "$@" >&- 2>&-', "sh", str(HOOK_CLIENT), *hook], input=state, text=True,
+                   env=env, timeout=60)
+    assert len(servers(sock)) == 1
+    deadline = time.monotonic() + 10
+    while "sandbox hook serve: h1: exit" not in Path(f"{sock}.log").read_text():
+        assert time.monotonic() < deadline, Path(f"{sock}.log").read_text()
+        time.sleep(0.02)
+    assert NOPE in verb(sock, "--root", tmp_path, "state", "nope").stderr
+    assert len(served(sock, 1)) == 1
+    assert os.path.getsize(f"{sock}.log") < 4096
