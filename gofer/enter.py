@@ -30,7 +30,7 @@ import prctl
 
 from gofer import process
 from gofer import syscalls as sc
-from gofer.seccomp import compile_filter
+from gofer.seccomp import Filter
 from mounts.errors import SandboxError
 from mounts.proc import start_time as _start_time
 from mounts.spec import OCI_VERSION, Personality, Process, Seccomp
@@ -180,7 +180,7 @@ def _child(fds, proc: Process, console, preserve_fds: int, w: int, seccomp: Secc
             with open(os.path.join(d, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
         # the container's filter too, built while libseccomp (a host library) is reachable
-        filt = compile_filter(seccomp) if seccomp is not None else None
+        filt = Filter(seccomp) if seccomp is not None else None
         # with the host's privileges still ours (a user namespace takes them): raising a
         # hard limit, a real-time policy; the fork below inherits them
         process.set_rlimits(proc)

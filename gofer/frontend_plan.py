@@ -35,13 +35,10 @@ def c_defines() -> str:
         ("MAX_NS", MAX_NS), ("MAX_CGROUPS", MAX_CGROUPS), ("CONSOLE_TIMEOUT_S", int(process.CONSOLE_TIMEOUT))))
 
 
-def unsupported(proc: Process, seccomp: Seccomp | None) -> str | None:
+def unsupported(proc: Process) -> str | None:
     """What the plan cannot carry, or None."""
     if proc.apparmor_profile or proc.selinux_label:
         return "an LSM label"
-    if seccomp is not None and (seccomp.listener_path or seccomp.default_action == "SCMP_ACT_NOTIFY"
-                                or any(r.action == "SCMP_ACT_NOTIFY" for r in seccomp.syscalls)):
-        return "a seccomp listener"
     return None
 
 
@@ -91,6 +88,17 @@ def seccomp_records(spec: Seccomp, no_new_privileges: bool) -> list[str]:
     CAP_SYS_ADMIN then) and the spec's flags as seccomp(2) takes them; its fd follows."""
     flags = sum(SECCOMP_FLAGS[f] for f in spec.flags)
     return [f"seccomp {'late' if no_new_privileges else 'early'}", *([f"seccomp-flags {flags}"] if flags else [])]
+
+
+def listener_records(spec: Seccomp, pid: int, state: dict) -> list[str]:
+    """The message gofer.seccomp.Filter.load sends the agent with the notification fd (the
+    listener's connection follows), for frontend.c to send: the pid as the host sees it
+    (0: exec's process, whose pid only the launcher learns) apart, the rest as it is."""
+    from gofer.seccomp import listener_message
+
+    head, rest = b'{"pid":0,', listener_message(spec, 0, state)
+    assert rest.startswith(head)
+    return [f"seccomp-listener {pid} {rest[len(head):].decode()}"]
 
 
 # linux.seccomp.flags as seccomp(2)'s SECCOMP_FILTER_FLAG_* (gofer/seccomp.py gives libseccomp's names for them)

@@ -192,13 +192,14 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     fifo = os.open(start.exec_fifo, os.O_RDWR | os.O_CLOEXEC) if start.exec_fifo else None
     console = process.connect_console(start.console_socket) if start.console_socket else None
     # libseccomp is a host library: load it and build the filter here
-    filt = bpf = None
+    filt = bpf = listener = None
     if spec.linux.seccomp is not None:
         with spans.span("seccomp compile", rules=len(spec.linux.seccomp.syscalls)):
             if start.launcher_fd is not None:  # (libseccomp is a host library: export it now)
                 bpf = seccomp.export(spec.linux.seccomp)
+                listener = seccomp.connect_listener(spec.linux.seccomp)
             else:
-                filt = seccomp.compile_filter(spec.linux.seccomp)
+                filt = seccomp.Filter(spec.linux.seccomp)
     in_userns, userns_path = userns.new_namespace(spec)
     sources = None
     if in_userns:
@@ -311,7 +312,8 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             spans.add("exec", time.monotonic_ns())
             protocol.send(sock, protocol.Ready(spans.items, host_pid))  # (and we exit: see hand_over)
 
-        remote_init.hand_over(chan, init, spec, bpf, fifo, console, remote_ready)
+        remote_init.hand_over(chan, init, spec, bpf, fifo, console, (listener, status) if listener else None,
+                              remote_ready)
         os._exit(0)
     start_hooks = None
     if hooks is not None and hooks.start_container:

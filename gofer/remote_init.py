@@ -32,6 +32,7 @@ from gofer.frontend_plan import (
     command_records,
     console_records,
     encode,
+    listener_records,
     process_records,
     seccomp_memfd,
     seccomp_records,
@@ -65,7 +66,7 @@ def unsupported_create(spec: Spec) -> str | None:
     pids = spec.linux.resources.pids if spec.linux.resources is not None else None
     if pids is not None and 0 < pids.limit < SERVED_PROCESSES:
         return f"a pids limit under {SERVED_PROCESSES}"
-    return unsupported(proc, spec.linux.seccomp) or too_big(proc)
+    return unsupported(proc) or too_big(proc)
 
 
 def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, socket.socket, int]:
@@ -163,7 +164,7 @@ def shed_privileges(keep: set[int]) -> None:
 
 
 def hand_over(chan: socket.socket, init: int, spec: Spec, bpf: bytes | None, fifo: int,
-              console: socket.socket | None, ready) -> None:
+              console: socket.socket | None, listener: tuple[socket.socket, dict] | None, ready) -> None:
     """Send pid 1 its process (looked up inside the root: cwd, HOME), wait until it is the
     container's user, let it go on to wait for start, then ``ready()`` (Ready, after which
     we exit: the supervisor records the container only once we are gone and reaped, so that
@@ -186,6 +187,9 @@ def hand_over(chan: socket.socket, init: int, spec: Spec, bpf: bytes | None, fif
         if bpf is not None and spec.linux.seccomp is not None:
             fds.append(seccomp_memfd(bpf))
             records += seccomp_records(spec.linux.seccomp, proc.no_new_privileges)
+            if listener is not None:  # (its connection and the state it is told)
+                fds.append(listener[0].detach())
+                records += listener_records(spec.linux.seccomp, init, listener[1])
         if console is not None:
             fds.append(os.dup(console.fileno()))
             console.close()

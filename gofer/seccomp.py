@@ -35,33 +35,43 @@ def action(name: str, errno_ret: int | None) -> int:
     return code
 
 
-class Filter:
-    """A compiled filter, and the agent its notifications go to (if any)."""
+def connect_listener(spec: Seccomp) -> socket.socket | None:
+    """The agent at ``listenerPath``, connected while the host's paths are visible, or None."""
+    if not spec.listener_path:
+        return None
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        listener.connect(spec.listener_path)
+    except OSError as e:
+        listener.close()
+        raise SandboxError(f"linux.seccomp.listenerPath {spec.listener_path}: cannot connect: {e.strerror}",
+                           op="connect", path=spec.listener_path) from None
+    return listener
 
-    def __init__(self, ctx: sc.Seccomp, spec: Seccomp):
-        self.ctx = ctx
-        self.metadata = spec.listener_metadata or ""
-        self.listener = None
+
+def listener_message(spec: Seccomp, pid: int, state: dict) -> bytes:
+    """What the agent gets with the notification fd: the runtime spec's container process state."""
+    return msgspec.json.encode({"pid": pid, "ociVersion": OCI_VERSION, "fds": ["seccompFd"],  # (pid first:
+                                "metadata": spec.listener_metadata or "", "state": state})  # frontend_plan)
+
+
+class Filter:
+    """A compiled filter, and the agent its notifications go to (if any), connected now."""
+
+    def __init__(self, spec: Seccomp):
+        self.ctx = compile_filter(spec)
+        self.spec = spec
         self.state: dict = {}
         self.pid = 0  # the process the filter is for, as the host sees it
-        if spec.listener_path:
-            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-            try:
-                self.listener.connect(spec.listener_path)
-            except OSError as e:
-                self.listener.close()
-                raise SandboxError(f"linux.seccomp.listenerPath {spec.listener_path}: cannot connect: {e.strerror}",
-                                   op="connect", path=spec.listener_path) from None
+        self.listener = connect_listener(spec)
 
     def load(self) -> None:
         self.ctx.load()
         if self.listener is None:
             return
         fd = self.ctx.notify_fd()
-        msg = {"ociVersion": OCI_VERSION, "fds": ["seccompFd"], "pid": self.pid, "metadata": self.metadata,
-               "state": self.state}
         try:
-            socket.send_fds(self.listener, [msgspec.json.encode(msg)], [fd])
+            socket.send_fds(self.listener, [listener_message(self.spec, self.pid, self.state)], [fd])
         except OSError as e:
             raise SandboxError(f"linux.seccomp.listenerPath: cannot send the notification fd: {e.strerror}") from None
         finally:
@@ -84,7 +94,7 @@ def export(spec: Seccomp) -> bytes:
     its owner could rename our files, written into a directory of theirs, into each other's
     names."""
     if CACHE is None:
-        return compile_filter(spec).ctx.export_bpf()
+        return compile_filter(spec).export_bpf()
     import hashlib
 
     from mounts.atomic import replace_whole
@@ -94,14 +104,14 @@ def export(spec: Seccomp) -> bytes:
     try:  # its way from / again at each use: a directory on it another user's, and the files are theirs to swap
         cache = open_root_only(CACHE, "seccomp filter cache", "a filter planted there would be a container's")
     except (OSError, SandboxError):
-        return compile_filter(spec).ctx.export_bpf()
+        return compile_filter(spec).export_bpf()
     try:
         try:
             fd = os.open(key, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=cache)
         except FileNotFoundError:
             pass
         except OSError:  # (a link, or worse: nothing of ours)
-            return compile_filter(spec).ctx.export_bpf()
+            return compile_filter(spec).export_bpf()
         else:
             with open(fd, "rb") as f:
                 st = os.fstat(fd)
@@ -109,7 +119,7 @@ def export(spec: Seccomp) -> bytes:
             ours = stat.S_ISREG(st.st_mode) and st.st_uid == 0 and st.st_nlink == 1 and not st.st_mode & 0o077
             if ours and 0 < len(bpf) <= MAX_BPF and len(bpf) % 8 == 0:
                 return bpf
-        bpf = compile_filter(spec).ctx.export_bpf()
+        bpf = compile_filter(spec).export_bpf()
         try:
             if len(os.listdir(cache)) < MAX_CACHED:
                 replace_whole(key, bpf, 0o600, dir_fd=cache)
@@ -123,8 +133,8 @@ def export(spec: Seccomp) -> bytes:
 MAX_BPF = 4096 * 8  # BPF_MAXINSNS instructions of 8 bytes
 
 
-def compile_filter(spec: Seccomp) -> Filter:
-    """The filter, ready to load. Errors name the field (one line)."""
+def compile_filter(spec: Seccomp) -> sc.Seccomp:
+    """The filter, ready to load or export. Errors name the field (one line)."""
     try:
         default = action(spec.default_action, spec.default_errno_ret)
         filt = sc.Seccomp(default)
@@ -149,6 +159,6 @@ def compile_filter(spec: Seccomp) -> Filter:
                     continue
                 for group in groups:
                     filt.add_rule(act, nr, group, f"linux.seccomp.syscalls[{i}] {name}")
-        return Filter(filt, spec)
+        return filt
     except OSError as e:
         raise SandboxError(f"linux.seccomp: {e}", op="seccomp", path="linux.seccomp") from None

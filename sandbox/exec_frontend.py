@@ -8,11 +8,11 @@ The plan is NUL-terminated "KEY VALUE" records with the fds they name (SCM_RIGHT
 order): the namespaces' fds, opened through one pinned /proc/<init> as spawn opens them; the
 cgroups' cgroup.procs files; the cwd, resolved inside the container's root (its mount
 namespace entered and left again here); the seccomp filter, compiled by libseccomp and
-exported as BPF, and its flags; the --console-socket's connection; rlimits, scheduling and the personality, capabilities as
+exported as BPF, its flags and its agent's connection; the --console-socket's connection; rlimits, scheduling and the personality, capabilities as
 masks, the user, umask, argv and the environment with HOME. The front end answers with gofer/enter.py's report ("pid N", "err CODE MESSAGE"),
 read here with the same code, so the errors are the same lines.
 
-What the plan does not carry (LSM labels, a seccomp notify listener) is declined before anything happens, and the launcher runs exec in
+What the plan does not carry (LSM labels) is declined before anything happens, and the launcher runs exec in
 Python as before.
 """
 
@@ -24,9 +24,9 @@ import socket
 from gofer import enter, process
 from gofer import frontend_plan as fp
 from gofer import syscalls as sc
-from gofer.seccomp import export
+from gofer.seccomp import connect_listener, export
 from mounts.errors import SandboxError
-from mounts.spec import Personality, Process, Seccomp
+from mounts.spec import OCI_VERSION, Personality, Process, Seccomp
 
 
 class Decline(Exception):
@@ -44,7 +44,7 @@ class Frontend:
     def spawn(self, init: int, proc: Process, console=None, preserve_fds: int = 0, detach: bool = False,
               seccomp: Seccomp | None = None, cgroups=(), start_time: int | None = None,
               personality: Personality | None = None) -> int:
-        why = fp.unsupported(proc, seccomp) or fp.too_big(proc)
+        why = fp.unsupported(proc) or fp.too_big(proc)
         if why is not None:
             raise Decline(why)
         records = ["plan 1", f"detach {int(detach)}", f"preserve {preserve_fds}", *fp.process_records(proc, personality)]
@@ -64,6 +64,11 @@ class Frontend:
             if seccomp is not None:
                 sent.append(fp.seccomp_memfd(export(seccomp)))
                 records += fp.seccomp_records(seccomp, proc.no_new_privileges)
+                listener = connect_listener(seccomp)
+                if listener is not None:  # (the pid is the launcher's to fill in: its child's)
+                    sent.append(listener.detach())
+                    records += fp.listener_records(seccomp, 0, {"ociVersion": OCI_VERSION, "status": "running",
+                                                                "pid": init})
             if console is not None:  # (the launcher's copy is the one that stays)
                 sent.append(os.dup(console.fileno()))
                 console.close()

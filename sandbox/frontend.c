@@ -10,16 +10,16 @@
  *     P (this one)               C                                G
  *     subreaper (unless detach)  cgroups, rlimits, setns user,
  *     fork ------------------>   ipc, uts, net, pid, cgroup, mnt
- *                                fork ------------------------->  drop the bounding set,
- *              <-- "pid N" ---   exit                             user, capabilities,
+ *                                fork ------------------------->  the terminal, scheduling,
+ *              <-- "pid N" ---   exit (G's pid to G, for a        drop the bounding set,
+ *                                seccomp agent)                   user, capabilities,
  *              <------------------------------------ EOF at exec  setsid, umask, cwd,
  *     the report to the server         (or "err CODE MESSAGE")     no_new_privs, signals,
- *     its {"code"}: the pid file written, or the error printed     seccomp, exec
+ *     its {"code"}: the pid file written, or the error printed     seccomp (its agent), exec
  *     detach: exit; else wait for G, pass SIGINT/TERM/HUP on, exit with its status
  *
  * The report is gofer/enter.py's, and the server reads it with the same code. What the plan
- * cannot express (a terminal, scheduling, LSM labels, seccomp flags or a listener) the
- * server declines, and the launcher runs exec in Python as before. This process runs from a
+ * cannot express (LSM labels) the server declines, and the launcher runs exec in Python as before. This process runs from a
  * read-only view of the launcher (launcher.c seals it first) and is not dumpable: the
  * container never sees a host file it could write.
  *
@@ -83,6 +83,8 @@ struct plan {
     struct sock_filter *bpf;
     unsigned short bpf_len;
     unsigned seccomp_flags;
+    int listener, listener_pid; /* a seccomp agent's connection, the pid it is told (0: G's, from C) */
+    const char *listener_rest; /* the message to it, past {"pid":N, */
     int sched, ioprio, persona; /* each set: its record came */
     struct { unsigned policy, priority; unsigned long long flags, runtime, deadline, period; int nice; } sc;
     int ioprio_class, ioprio_level;
@@ -189,7 +191,7 @@ static const char *next_item(const char **p, const char *end) {
 /* The plan's records; -1 on anything malformed (the launcher then says so: never a guess). */
 static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds) {
     memset(pl, 0, sizeof *pl);
-    pl->cwd = -1, pl->fifo = -1, pl->console = -1, pl->code_process = 1, pl->code_exec = 127, pl->code_bundle = 2;
+    pl->cwd = -1, pl->fifo = -1, pl->console = -1, pl->listener = -1, pl->code_process = 1, pl->code_exec = 127, pl->code_bundle = 2;
     const char *p = buf, *end = buf + n, *item;
     int fdi = 0;
 #define TAKE_FD() (fdi < nfds ? fds[fdi++] : -1)
@@ -260,6 +262,11 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
             pl->bpf_len = (unsigned short)(st.st_size / sizeof(struct sock_filter)); /* (the fd: closed with the rest) */
         } else if (!strncmp(item, "seccomp-flags ", 14)) {
             if (sscanf(v, "%u", &pl->seccomp_flags) != 1 || pl->seccomp_flags & ~7U) return -1;
+        } else if (!strncmp(item, "seccomp-listener ", 17)) {
+            int off = 0;
+            if (sscanf(v, "%d %n", &pl->listener_pid, &off) != 1 || off == 0 || pl->listener_pid < 0) return -1;
+            pl->listener_rest = v + off;
+            if ((pl->listener = TAKE_FD()) < 0) return -1;
         } else if (!strncmp(item, "sched ", 6)) {
             int off = 0;
             if (sscanf(v, "%u %llu %d %u %llu %llu %llu%n", &pl->sc.policy, &pl->sc.flags, &pl->sc.nice,
@@ -286,11 +293,33 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
     return p == end && (pl->argc > 0 || pl->clone) && fdi == nfds ? 0 : -1; /* (every record NUL-ended) */
 }
 
+/* The filter; with an agent, its notification fd sent to it with the container process
+ * state, as gofer.seccomp.Filter.load does. */
 static void load_seccomp(struct plan *pl) {
     struct sock_fprog prog = {.len = pl->bpf_len, .filter = pl->bpf};
-    if ((pl->seccomp_flags ? syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, pl->seccomp_flags, &prog)
-                           : prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0)) < 0)
-        fail(1, "seccomp_load the container's filter: %s", strerror(errno));
+    unsigned flags = pl->seccomp_flags | (pl->listener >= 0 ? SECCOMP_FILTER_FLAG_NEW_LISTENER : 0);
+    long fd = flags ? syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, flags, &prog)
+                    : prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
+    if (fd < 0) fail(1, "seccomp_load the container's filter: %s", strerror(errno));
+    if (pl->listener < 0) return;
+    char *msg = malloc(strlen(pl->listener_rest) + 32);
+    if (msg == NULL) fail(1, "linux.seccomp.listenerPath: cannot send the notification fd: %s", strerror(ENOMEM));
+    int n = sprintf(msg, "{\"pid\":%d,%s", pl->listener_pid, pl->listener_rest);
+    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } control;
+    struct iovec iov = {.iov_base = msg, .iov_len = (size_t)n};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                       .msg_controllen = sizeof control.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    int notify = (int)fd;
+    c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &notify, sizeof(int));
+    ssize_t sent;
+    do sent = sendmsg(pl->listener, &m, MSG_NOSIGNAL); while (sent < 0 && errno == EINTR);
+    if (sent < 0) fail(1, "linux.seccomp.listenerPath: cannot send the notification fd: %s", strerror(errno));
+    close(notify);
+    close(pl->listener);
+    pl->listener = -1;
+    free(msg);
 }
 
 /* process.scheduler, process.ioPriority and linux.personality: gofer.process.set_scheduling's
@@ -473,11 +502,21 @@ static void enter(struct plan *pl) {
     set_rlimits(pl);
     char err[512];
     if (join_namespaces(pl, err, sizeof err) < 0) fail(1, "%s", err);
+    int tell[2] = {-1, -1}; /* the pid a seccomp agent is told is the host's: only we see G's */
+    if (pl->listener >= 0 && pl->listener_pid == 0 && pipe2(tell, O_CLOEXEC) < 0) fail(1, "pipe: %s", strerror(errno));
     pid_t g = fork();
     if (g < 0) fail(1, "fork: %s", strerror(errno));
     if (g > 0) {
         dprintf(report_fd, "pid %d\n", g);
+        if (tell[1] >= 0 && write(tell[1], &g, sizeof g) != sizeof g) {} /* (G fails on a short read) */
         _exit(0);
+    }
+    if (tell[0] >= 0) {
+        close(tell[1]);
+        ssize_t r;
+        do r = read(tell[0], &pl->listener_pid, sizeof pl->listener_pid); while (r < 0 && errno == EINTR);
+        if (r != sizeof pl->listener_pid) fail(1, "linux.seccomp.listenerPath: our pid: %s", strerror(errno));
+        close(tell[0]);
     }
     process(pl);
 }
@@ -676,8 +715,8 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds, char **a
     }
     pid_t c = fork();
     if (c == 0) { /* C: before it joins, nothing of the caller's but stdio and the preserved fds */
-        int keep[3 + PLAN_MAX_NS + PLAN_MAX_CGROUPS], nkeep = 0;
-        keep[nkeep++] = report[1], keep[nkeep++] = pl.cwd, keep[nkeep++] = pl.console;
+        int keep[4 + PLAN_MAX_NS + PLAN_MAX_CGROUPS], nkeep = 0;
+        keep[nkeep++] = report[1], keep[nkeep++] = pl.cwd, keep[nkeep++] = pl.console, keep[nkeep++] = pl.listener;
         for (int i = 0; i < pl.nns; i++) keep[nkeep++] = pl.ns[i].fd;
         for (int i = 0; i < pl.ncgroups; i++) keep[nkeep++] = pl.cgroups[i].fd;
         close_except(3 + (unsigned)pl.preserve, keep, nkeep);

@@ -29,7 +29,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def _compiled(spec: Seccomp) -> bytes:
-    return seccomp.compile_filter(spec).ctx.export_bpf()
+    return seccomp.compile_filter(spec).export_bpf()
 
 
 def _no_compiling(monkeypatch):
@@ -85,7 +85,7 @@ def test_a_file_anyone_else_could_have_written_is_not_used(cache):
     first = seccomp.export(PROFILE)
     (key,) = os.listdir(cache)
     other = msgspec.structs.replace(PROFILE, default_errno_ret=13)
-    planted = seccomp.compile_filter(other).ctx.export_bpf()
+    planted = seccomp.compile_filter(other).export_bpf()
     (cache / key).write_bytes(planted)
     (cache / key).chmod(0o644)
     assert seccomp.export(PROFILE) == first

@@ -310,8 +310,77 @@ def test_scheduling_personality_and_seccomp_flags_are_served_as_in_python(server
     assert [line.split(": ")[1] for line in served_lines(log)] == ["run", "exec", "create"], log.read_text()
 
 
-def _pty_output(listener, until: bytes) -> tuple[bytes, bytes]:
-    """The pty master a --console-socket receives, read until ``until`` (the name sent with it)."""
+@pytest.mark.parametrize("nnp", [True, False], ids=["no_new_privs", "privs"])
+def test_a_seccomp_agent_is_served_as_in_python(server, make_bundle, tmp_path, nnp):
+    """SCMP_ACT_NOTIFY with a listenerPath, for run and for exec: the launcher loads the
+    filter with a new listener and sends its fd to the agent with the container process
+    state (its pid as the host sees it: pid 1's, exec's process's); the agent's answer is
+    what mkdir returns; the same as in Python, and nothing is declined."""
+    import threading
+
+    from tests.integration.test_seccomp import _agent, _bundle
+
+    path, log, _ = server
+    root = tmp_path / "state"
+    seen = {}
+    for how, server_path in (("py", ""), ("warm", path)):
+        agent_path = str(tmp_path / f"{how}-agent.sock")
+        answers: list = []
+        ready = threading.Event()
+        agent = threading.Thread(target=_agent, args=(agent_path, answers, ready), daemon=True)
+        agent.start()
+        ready.wait(5)
+        profile = {"defaultAction": "SCMP_ACT_ALLOW", "listenerPath": agent_path, "listenerMetadata": "m",
+                   "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_NOTIFY"}]}
+        bundle = _bundle(make_bundle, profile, nnp=nnp, args=("sh", "-c", "mkdir /tmp/n 2>&1; echo done"))
+        code, out, err = _run(server_path, root, bundle, f"n-{how}")
+        agent.join(10)
+        assert code == 0, err
+        state = answers[0]
+        assert state["pid"] > 0 and state["state"]["pid"] == state["pid"] and state["metadata"] == "m", state
+        seen[how] = (out, state["fds"], state["state"]["status"], state["state"]["id"].replace(how, "x"),
+                     [a[0] for a in answers[1:]])
+        # exec into a running one (its init's filter has an agent too: one agent for both, as
+        # a node's): its own process's pid, the container's state
+        spec = json.loads((bundle / "config.json").read_text())
+        spec["process"]["args"] = ["sleep", "100"]
+        (bundle / "config.json").write_text(json.dumps(spec))
+        answers.clear()
+        ready.clear()
+        os.unlink(agent_path)  # (the run's agent is done)
+        agents = [threading.Thread(target=_agent, args=(agent_path, answers, ready), daemon=True)]
+        agents[0].start()
+        ready.wait(5)
+        _launch(server_path, root, bundle, f"e-{how}", tmp_path)
+        try:
+            init = json.loads(verb("", "--root", root, "state", f"e-{how}").stdout)["pid"]
+            deadline = time.monotonic() + 10
+            while not answers and time.monotonic() < deadline:  # (the init's, taken: the agent's socket is free)
+                time.sleep(0.02)
+            os.unlink(agent_path)
+            ready.clear()
+            agents.append(threading.Thread(target=_agent, args=(agent_path, answers, ready), daemon=True))
+            agents[1].start()
+            ready.wait(5)
+            r = verb(server_path, "--root", root, "exec", f"e-{how}", "sh", "-c", "mkdir /tmp/m 2>&1; echo $$")
+            assert r.returncode == 0, r.stderr
+        finally:
+            verb("", "--root", root, "delete", "--force", f"e-{how}")
+        for a in agents:
+            a.join(10)
+        execs = [a for a in answers if isinstance(a, dict) and a["pid"] != init]
+        assert len(execs) == 1 and execs[0]["state"] == {"ociVersion": execs[0]["ociVersion"], "status": "running",
+                                                         "pid": init}, answers
+        seen[how] += (r.stdout.splitlines()[0],)
+    assert seen["warm"] == seen["py"], seen
+    assert seen["py"][0] == "mkdir: can't create directory '/tmp/n': Invalid cross-device link\ndone\n"
+    assert "declined" not in log.read_text()
+    assert [line.split(": ")[1] for line in served_lines(log)] == ["run", "run", "exec"], log.read_text()
+
+
+def _pty_output(listener, until: bytes | None) -> tuple[bytes, bytes]:
+    """The name sent with the pty master a --console-socket receives, and what it reads until
+    ``until`` or, None, until its process is gone (closed earlier, it would hang it up)."""
     import socket
 
     listener.settimeout(30)
@@ -321,11 +390,14 @@ def _pty_output(listener, until: bytes) -> tuple[bytes, bytes]:
     out = b""
     deadline = time.monotonic() + 20
     try:
-        while until not in out and time.monotonic() < deadline:
+        while (until is None or until not in out) and time.monotonic() < deadline:
             try:
-                out += os.read(fds[0], 1024)
-            except OSError:
+                chunk = os.read(fds[0], 1024)
+            except OSError:  # (EIO: the other side's last fd closed)
                 break
+            if not chunk:
+                break
+            out += chunk
     finally:
         os.close(fds[0])
     return msg, out
@@ -355,7 +427,7 @@ def test_a_terminal_is_served_as_in_python(server, make_bundle, tmp_path):
         got: dict = {}
 
         def read(kind, listener=listener, got=got):
-            got[kind] = _pty_output(listener, b"on-the-pty")
+            got[kind] = _pty_output(listener, b"on-the-pty" if kind == "create" else None)
 
         reader = threading.Thread(target=read, args=("create",))
         reader.start()

@@ -14,6 +14,7 @@ import pytest
 
 from gofer import frontend_plan as fp
 from gofer import process
+from gofer.seccomp import listener_message
 from mounts.spec import Personality, Process, Seccomp
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,7 +94,13 @@ def test_scheduling_personality_seccomp_flags_and_console_both_sides(parser, tmp
     assert "seccomp late flags 6" in out
     assert "sched 6 1 0 0 10000000 100000000 100000000" in out
     assert "ioprio 3 3" in out and "personality 8" in out
-    assert fp.unsupported(p, profile) is None
+    assert fp.unsupported(p) is None
+    agent = msgspec.structs.replace(profile, listener_path="/x", listener_metadata="m\u00e9ta \"q\"")
+    state = {"ociVersion": "1.0.2", "status": "running", "pid": 7}
+    code, out = parse(parser, ["plan 1", *fp.seccomp_records(agent, True), *fp.listener_records(agent, 42, state),
+                               "arg true"], str(bpf), "/dev/null")
+    sent = next(line for line in out if line.startswith("listener "))[len("listener "):]
+    assert code == 0 and msgspec.json.decode(sent) == msgspec.json.decode(listener_message(agent, 42, state))
     sized = proc(terminal=True, consoleSize={"height": 30, "width": 100})
     assert parse(parser, ["plan 1", *fp.console_records(sized), "arg true"], "/dev/null")[1][-2:] == [
         "console 30 100", "arg true"]
@@ -114,6 +121,8 @@ def test_scheduling_personality_seccomp_flags_and_console_both_sides(parser, tmp
     ["plan 1", "personality x", "arg true"],
     ["plan 1", "console", "arg true"],  # its fd not sent
     ["plan 1", "console-size 30", "arg true"],
+    ["plan 1", "seccomp-listener 5 {}", "arg true"],  # its connection not sent
+    ["plan 1", "seccomp-listener -1 {}", "arg true"],
     ["plan 1"],  # nothing to run
 ])
 def test_hostile_records_are_refused(parser, hostile):

@@ -32,6 +32,7 @@ int main(int argc, char **argv) {
     if (pl.ioprio) printf("ioprio %d %d\n", pl.ioprio_class, pl.ioprio_level);
     if (pl.persona) printf("personality %lu\n", pl.persona_value);
     if (pl.console >= 0) printf("console %hu %hu\n", pl.rows, pl.cols);
+    if (pl.listener >= 0) printf("listener {\"pid\":%d,%s\n", pl.listener_pid, pl.listener_rest);
     for (int i = 0; i < pl.argc; i++) printf("arg %s\n", pl.argv[i]);
     for (int i = 0; i < pl.envc; i++) printf("env %s\n", pl.envp[i]);
     return 0;
