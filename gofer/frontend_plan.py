@@ -35,13 +35,6 @@ def c_defines() -> str:
         ("MAX_NS", MAX_NS), ("MAX_CGROUPS", MAX_CGROUPS), ("CONSOLE_TIMEOUT_S", int(process.CONSOLE_TIMEOUT))))
 
 
-def unsupported(proc: Process) -> str | None:
-    """What the plan cannot carry, or None."""
-    if proc.apparmor_profile or proc.selinux_label:
-        return "an LSM label"
-    return None
-
-
 def too_big(proc: Process) -> str | None:
     """Why the plan cannot carry ``proc`` (frontend.c's fixed tables, one message), or None."""
     if (len(proc.args) > MAX_ITEMS - 1 or len(proc.env) + 1 > MAX_ITEMS - 1  # (+ HOME)
@@ -110,6 +103,15 @@ def seccomp_memfd(bpf: bytes) -> int:
     memfd = os.memfd_create("seccomp-bpf", os.MFD_CLOEXEC)
     os.write(memfd, bpf)
     return memfd
+
+
+def label_records(proc: Process) -> list[str]:
+    """The AppArmor profile and SELinux label the process execs into (gofer.process.apply_labels),
+    written through the host's procfs, whose fd follows ("proc"): the container's /proc may
+    be anything (CVE-2019-16884)."""
+    records = [*([f"apparmor {proc.apparmor_profile}"] if proc.apparmor_profile else []),
+               *([f"selinux {proc.selinux_label}"] if proc.selinux_label else [])]
+    return [*records, "proc"] if records else []
 
 
 def console_records(proc: Process) -> list[str]:

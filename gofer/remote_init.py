@@ -32,12 +32,12 @@ from gofer.frontend_plan import (
     command_records,
     console_records,
     encode,
+    label_records,
     listener_records,
     process_records,
     seccomp_memfd,
     seccomp_records,
     too_big,
-    unsupported,
 )
 from mounts.errors import MountError, SandboxError
 from mounts.spec import Spec
@@ -66,7 +66,7 @@ def unsupported_create(spec: Spec) -> str | None:
     pids = spec.linux.resources.pids if spec.linux.resources is not None else None
     if pids is not None and 0 < pids.limit < SERVED_PROCESSES:
         return f"a pids limit under {SERVED_PROCESSES}"
-    return unsupported(proc) or too_big(proc)
+    return too_big(proc)
 
 
 def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, socket.socket, int]:
@@ -190,6 +190,9 @@ def hand_over(chan: socket.socket, init: int, spec: Spec, bpf: bytes | None, fif
             if listener is not None:  # (its connection and the state it is told)
                 fds.append(listener[0].detach())
                 records += listener_records(spec.linux.seccomp, init, listener[1])
+        if labels := label_records(proc):  # (the host's procfs, ours till Ready)
+            fds.append(os.dup(sc.PROC))
+            records += labels
         if console is not None:
             fds.append(os.dup(console.fileno()))
             console.close()

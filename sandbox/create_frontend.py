@@ -11,8 +11,8 @@ The prestart and createRuntime hooks run here while the builder waits, as in Pyt
 createContainer hooks run from the builder, in the container's namespaces before pivot_root.
 What the launcher's init cannot do is declined before anything happens, and the launcher
 runs create in Python as before: a user namespace, a pid or mount namespace that
-is not the container's own, startContainer hooks (pid 1 would run them), and what exec's
-plan cannot carry (gofer/frontend_plan.py)."""
+is not the container's own, startContainer hooks (pid 1 would run them), and a process too
+big for the plan's tables (gofer/frontend_plan.py)."""
 
 from __future__ import annotations
 

@@ -8,12 +8,13 @@ The plan is NUL-terminated "KEY VALUE" records with the fds they name (SCM_RIGHT
 order): the namespaces' fds, opened through one pinned /proc/<init> as spawn opens them; the
 cgroups' cgroup.procs files; the cwd, resolved inside the container's root (its mount
 namespace entered and left again here); the seccomp filter, compiled by libseccomp and
-exported as BPF, its flags and its agent's connection; the --console-socket's connection; rlimits, scheduling and the personality, capabilities as
-masks, the user, umask, argv and the environment with HOME. The front end answers with gofer/enter.py's report ("pid N", "err CODE MESSAGE"),
-read here with the same code, so the errors are the same lines.
+exported as BPF, its flags and its agent's connection; the --console-socket's connection;
+the LSM labels with our procfs; rlimits, scheduling and the personality, capabilities as
+masks, the user, umask, argv and the environment with HOME. The front end answers with
+gofer/enter.py's report ("pid N", "err CODE MESSAGE"), read here with the same code, so the errors are the same lines.
 
-What the plan does not carry (LSM labels) is declined before anything happens, and the launcher runs exec in
-Python as before.
+What the plan cannot hold (more arguments or variables than frontend.c's tables) is
+declined before anything happens, and the launcher runs exec in Python as before.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ class Frontend:
     def spawn(self, init: int, proc: Process, console=None, preserve_fds: int = 0, detach: bool = False,
               seccomp: Seccomp | None = None, cgroups=(), start_time: int | None = None,
               personality: Personality | None = None) -> int:
-        why = fp.unsupported(proc) or fp.too_big(proc)
+        why = fp.too_big(proc)
         if why is not None:
             raise Decline(why)
+        process.check_labels(proc)  # (as Python's exec: one that would not apply is refused)
         records = ["plan 1", f"detach {int(detach)}", f"preserve {preserve_fds}", *fp.process_records(proc, personality)]
         fds = enter.open_namespaces(init, start_time)
         sent: list[int] = []
@@ -69,6 +71,9 @@ class Frontend:
                     sent.append(listener.detach())
                     records += fp.listener_records(seccomp, 0, {"ociVersion": OCI_VERSION, "status": "running",
                                                                 "pid": init})
+            if labels := fp.label_records(proc):  # (the host's procfs: ours, the caller's mount namespace)
+                sent.append(os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+                records += labels
             if console is not None:  # (the launcher's copy is the one that stays)
                 sent.append(os.dup(console.fileno()))
                 console.close()

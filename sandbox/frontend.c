@@ -11,6 +11,7 @@
  *     subreaper (unless detach)  cgroups, rlimits, setns user,
  *     fork ------------------>   ipc, uts, net, pid, cgroup, mnt
  *                                fork ------------------------->  the terminal, scheduling,
+ *                                                                 LSM labels,
  *              <-- "pid N" ---   exit (G's pid to G, for a        drop the bounding set,
  *                                seccomp agent)                   user, capabilities,
  *              <------------------------------------ EOF at exec  setsid, umask, cwd,
@@ -19,8 +20,8 @@
  *     detach: exit; else wait for G, pass SIGINT/TERM/HUP on, exit with its status
  *
  * The report is gofer/enter.py's, and the server reads it with the same code. What the plan
- * cannot express (LSM labels) the server declines, and the launcher runs exec in Python as before. This process runs from a
- * read-only view of the launcher (launcher.c seals it first) and is not dumpable: the
+ * cannot hold (more than its tables) the server declines, and the launcher runs exec in
+ * Python as before. This process runs from a read-only view of the launcher (launcher.c seals it first) and is not dumpable: the
  * container never sees a host file it could write.
  *
  * `sandbox create` goes the same way (frontend_create; gofer/remote_init.py has the other
@@ -78,6 +79,8 @@ struct plan {
     struct { int fd; const char *path; } cgroups[PLAN_MAX_CGROUPS];
     int ncgroups;
     int cwd, fifo, console; /* console: the --console-socket's connection */
+    int proc; /* the host's procfs, for the labels */
+    const char *apparmor, *selinux;
     unsigned short rows, cols;
     const char *cwd_text;
     struct sock_filter *bpf;
@@ -191,7 +194,7 @@ static const char *next_item(const char **p, const char *end) {
 /* The plan's records; -1 on anything malformed (the launcher then says so: never a guess). */
 static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds) {
     memset(pl, 0, sizeof *pl);
-    pl->cwd = -1, pl->fifo = -1, pl->console = -1, pl->listener = -1, pl->code_process = 1, pl->code_exec = 127, pl->code_bundle = 2;
+    pl->cwd = -1, pl->fifo = -1, pl->console = -1, pl->listener = -1, pl->proc = -1, pl->code_process = 1, pl->code_exec = 127, pl->code_bundle = 2;
     const char *p = buf, *end = buf + n, *item;
     int fdi = 0;
 #define TAKE_FD() (fdi < nfds ? fds[fdi++] : -1)
@@ -244,6 +247,12 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
             if ((pl->cgroups[pl->ncgroups++].fd = TAKE_FD()) < 0) return -1;
         } else if (!strcmp(item, "fifo")) {
             if ((pl->fifo = TAKE_FD()) < 0) return -1;
+        } else if (!strncmp(item, "apparmor ", 9)) {
+            pl->apparmor = v;
+        } else if (!strncmp(item, "selinux ", 8)) {
+            pl->selinux = v;
+        } else if (!strcmp(item, "proc")) {
+            if ((pl->proc = TAKE_FD()) < 0) return -1;
         } else if (!strcmp(item, "console")) {
             if ((pl->console = TAKE_FD()) < 0) return -1;
         } else if (!strncmp(item, "console-size ", 13)) {
@@ -420,6 +429,31 @@ static void open_console(struct plan *pl) {
     close(slave);
 }
 
+/* The AppArmor profile and SELinux label our next execve takes on (gofer.process.apply_labels,
+ * its lines), written through the host's procfs (the container's /proc may be anything:
+ * CVE-2019-16884), which is closed then: before the user changes, as runc does. */
+static void apply_labels(struct plan *pl) {
+    static const char *const apparmor[] = {"thread-self/attr/apparmor/exec", "thread-self/attr/exec", NULL};
+    static const char *const selinux[] = {"thread-self/attr/exec", NULL};
+    char label[4200];
+    for (int k = 0; k < 2; k++) {
+        const char *value = k ? pl->selinux : pl->apparmor;
+        const char *const *paths = k ? selinux : apparmor;
+        if (value == NULL) continue;
+        snprintf(label, sizeof label, "%s%s", k ? "" : "exec ", value);
+        int fd = -1;
+        const char *const *path = paths;
+        for (; *path; path++)
+            if ((fd = openat(pl->proc, *path, O_WRONLY | O_CLOEXEC)) >= 0 || errno != ENOENT) break;
+        if (*path == NULL) fail(pl->code_process, "cannot apply '%s': no /proc/thread-self/attr here", label);
+        if (fd < 0 || write(fd, label, strlen(label)) < 0)
+            fail(pl->code_process, "cannot apply '%s' through /proc/%s: %s", label, *path, strerror(errno));
+        close(fd);
+    }
+    close(pl->proc);
+    pl->proc = -1;
+}
+
 /* G: the process, set up as gofer/process.py's tail, become and exec_process do. */
 static void process(struct plan *pl) {
     if (pl->console >= 0) open_console(pl);
@@ -430,6 +464,7 @@ static void process(struct plan *pl) {
         fail(pl->code_process, "process.cwd %s: %s", pl->cwd_text, strerror(errno));
     }
     set_scheduling(pl);
+    if (pl->proc >= 0) apply_labels(pl);
     if (pl->bpf && pl->early_seccomp) load_seccomp(pl); /* needs CAP_SYS_ADMIN: before the user changes */
     for (int cap = 0; cap <= pl->last_cap; cap++)
         if (!(pl->bounding >> cap & 1) && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0)
@@ -715,8 +750,9 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds, char **a
     }
     pid_t c = fork();
     if (c == 0) { /* C: before it joins, nothing of the caller's but stdio and the preserved fds */
-        int keep[4 + PLAN_MAX_NS + PLAN_MAX_CGROUPS], nkeep = 0;
+        int keep[5 + PLAN_MAX_NS + PLAN_MAX_CGROUPS], nkeep = 0;
         keep[nkeep++] = report[1], keep[nkeep++] = pl.cwd, keep[nkeep++] = pl.console, keep[nkeep++] = pl.listener;
+        keep[nkeep++] = pl.proc;
         for (int i = 0; i < pl.nns; i++) keep[nkeep++] = pl.ns[i].fd;
         for (int i = 0; i < pl.ncgroups; i++) keep[nkeep++] = pl.cgroups[i].fd;
         close_except(3 + (unsigned)pl.preserve, keep, nkeep);

@@ -378,6 +378,35 @@ def test_a_seccomp_agent_is_served_as_in_python(server, make_bundle, tmp_path, n
     assert [line.split(": ")[1] for line in served_lines(log)] == ["run", "run", "exec"], log.read_text()
 
 
+def test_lsm_labels_are_served_as_in_python(server, make_bundle, tmp_path):
+    """An AppArmor profile or an SELinux label (exec --apparmor, --process-label; a bundle's):
+    not declined; where the kernel has no such LSM (this VM) the same refusal as Python's,
+    for create and exec. (Where it has one, frontend.c writes the label through the host's
+    procfs: tests/sandbox/test_frontend_plan.py.)"""
+    path, log, _ = server
+    root = tmp_path / "state"
+    outcomes = {}
+    for how, server_path in (("py", ""), ("warm", path)):
+        _launch(server_path, root, make_bundle(["sleep", "100"]), f"l-{how}", tmp_path)
+        try:
+            outcomes[how] = [verb(server_path, "--root", root, "exec", *flag, f"l-{how}", "true")
+                             for flag in (["--apparmor", "docker-default"], ["--process-label", "system_u:r:t:s0"])]
+        finally:
+            verb("", "--root", root, "delete", "--force", f"l-{how}")
+        spec = json.loads((make_bundle(["true"]) / "config.json").read_text())
+        spec["process"]["apparmorProfile"] = "docker-default"
+        bundle = make_bundle(["true"], process=spec["process"])
+        outcomes[how].append(_created(server_path, root, bundle, f"c-{how}", tmp_path)[:2])
+    here, warm = outcomes["py"], outcomes["warm"]
+    assert [(r.returncode, r.stdout, r.stderr) for r in warm[:2]] == [(r.returncode, r.stdout, r.stderr)
+                                                                     for r in here[:2]]
+    assert warm[2][0] == here[2][0] and warm[2][1].replace("c-warm", "c-py") == here[2][1], (warm[2], here[2])
+    if not os.path.exists("/sys/module/apparmor/parameters/enabled"):
+        assert here[0].returncode == 2 and "AppArmor is not enabled in this kernel" in here[0].stderr, here[0]
+    assert "declined" not in log.read_text()
+    assert [line.split(": ")[1] for line in served_lines(log)] == ["run", "exec", "exec", "create"], log.read_text()
+
+
 def _pty_output(listener, until: bytes | None) -> tuple[bytes, bytes]:
     """The name sent with the pty master a --console-socket receives, and what it reads until
     ``until`` or, None, until its process is gone (closed earlier, it would hang it up)."""
@@ -678,8 +707,7 @@ def test_a_failed_create_is_pythons_and_leaves_nothing(server, make_bundle, tmp_
 
 
 def test_create_the_launcher_cannot_serve_runs_in_python(server, make_bundle, tmp_path):
-    """startContainer hooks, too many variables (or a user namespace, LSM labels, a seccomp
-    listener): declined before anything is done, and create runs in Python as before."""
+    """startContainer hooks, too many variables (or a user namespace): declined before anything is done, and create runs in Python as before."""
     path, log, _ = server
     root = tmp_path / "state"
     hooks = {"startContainer": [{"path": "/bin/true"}]}

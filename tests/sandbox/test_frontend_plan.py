@@ -94,7 +94,6 @@ def test_scheduling_personality_seccomp_flags_and_console_both_sides(parser, tmp
     assert "seccomp late flags 6" in out
     assert "sched 6 1 0 0 10000000 100000000 100000000" in out
     assert "ioprio 3 3" in out and "personality 8" in out
-    assert fp.unsupported(p) is None
     agent = msgspec.structs.replace(profile, listener_path="/x", listener_metadata="m\u00e9ta \"q\"")
     state = {"ociVersion": "1.0.2", "status": "running", "pid": 7}
     code, out = parse(parser, ["plan 1", *fp.seccomp_records(agent, True), *fp.listener_records(agent, 42, state),
@@ -106,6 +105,31 @@ def test_scheduling_personality_seccomp_flags_and_console_both_sides(parser, tmp
         "console 30 100", "arg true"]
     assert fp.console_records(proc(terminal=True)) == ["console"]
     assert fp.seccomp_records(msgspec.structs.replace(profile, flags=[]), False) == ["seccomp early"]
+
+
+def test_lsm_labels_go_where_python_writes_them(parser, tmp_path):
+    """frontend.c's apply_labels against a directory standing in for the host's procfs:
+    AppArmor's own attr first, the shared one where that is missing, SELinux's; and
+    gofer.process.apply_labels's lines where none is there or a write fails."""
+    procfs = tmp_path / "proc"
+    shared = procfs / "thread-self/attr"
+    (shared / "apparmor").mkdir(parents=True)
+    for f in (shared / "exec", shared / "apparmor/exec"):
+        f.write_text("")
+    both = proc(apparmorProfile="docker-default", selinuxLabel="system_u:system_r:container_t:s0")
+    code, out = parse(parser, ["plan 1", *fp.label_records(both), "arg true"], str(procfs))
+    assert code == 0 and "labels docker-default|system_u:system_r:container_t:s0" in out, out
+    assert (shared / "apparmor/exec").read_text() == "exec docker-default"
+    assert (shared / "exec").read_text() == "system_u:system_r:container_t:s0"
+    (shared / "apparmor/exec").unlink()
+    (shared / "apparmor").rmdir()
+    (shared / "exec").write_text("")
+    code, out = parse(parser, ["plan 1", *fp.label_records(proc(apparmorProfile="p")), "arg true"], str(procfs))
+    assert code == 0 and (shared / "exec").read_text() == "exec p"
+    (shared / "exec").unlink()
+    r = subprocess.run([str(parser), str(procfs)], input=b"plan 1\0apparmor p\0proc\0arg true\0", capture_output=True)
+    assert r.returncode == 1 and r.stderr.decode().strip() == "sandbox: cannot apply 'exec p': no /proc/thread-self/attr here"
+    assert fp.label_records(proc()) == []
 
 
 @pytest.mark.parametrize("hostile", [
@@ -122,6 +146,7 @@ def test_scheduling_personality_seccomp_flags_and_console_both_sides(parser, tmp
     ["plan 1", "console", "arg true"],  # its fd not sent
     ["plan 1", "console-size 30", "arg true"],
     ["plan 1", "seccomp-listener 5 {}", "arg true"],  # its connection not sent
+    ["plan 1", "apparmor p", "proc", "arg true"],  # the procfs not sent
     ["plan 1", "seccomp-listener -1 {}", "arg true"],
     ["plan 1"],  # nothing to run
 ])

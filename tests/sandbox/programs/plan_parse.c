@@ -1,7 +1,7 @@
 /*
  * frontend.c's plan parser alone, for tests without root (tests/sandbox/test_frontend_plan.py):
  * the records on stdin, the fds they name opened from the files given, the parsed plan out
- * as lines, or "refused". Built with the header gofer/frontend_plan.py's c_defines() writes.
+ * as lines, or "refused"; LSM labels are applied to the directory given for the procfs. Built with the header gofer/frontend_plan.py's c_defines() writes.
  * usage: plan_parse [FILE...] < RECORDS
  */
 #include "frontend.c"
@@ -32,6 +32,11 @@ int main(int argc, char **argv) {
     if (pl.ioprio) printf("ioprio %d %d\n", pl.ioprio_class, pl.ioprio_level);
     if (pl.persona) printf("personality %lu\n", pl.persona_value);
     if (pl.console >= 0) printf("console %hu %hu\n", pl.rows, pl.cols);
+    if (pl.proc >= 0) { /* (a directory standing in for the host's procfs: the labels written there) */
+        printf("labels %s|%s\n", pl.apparmor ? pl.apparmor : "", pl.selinux ? pl.selinux : "");
+        fflush(stdout);
+        apply_labels(&pl);
+    }
     if (pl.listener >= 0) printf("listener {\"pid\":%d,%s\n", pl.listener_pid, pl.listener_rest);
     for (int i = 0; i < pl.argc; i++) printf("arg %s\n", pl.argv[i]);
     for (int i = 0; i < pl.envc; i++) printf("env %s\n", pl.envp[i]);
