@@ -272,6 +272,8 @@ def parser():
     p.add_argument("--idle-exit", type=_seconds, default=0, metavar="SECONDS",
                    help="leave once idle this long, the socket removed first (0: never; the launcher "
                    "starts a server so where none listens, from $SANDBOX_SERVER_IDLE)")
+    p.add_argument("--once", action="store_true", help="serve the one request on fd 3, a connection the "
+                   "launcher made (its own planner where no server listens), and exit")
 
     p = sub.add_parser("hook", help=VERBS["hook"])
     p.add_argument("action", nargs="?", choices=["install", "serve"],

@@ -31,6 +31,7 @@ def hook_env() -> list[str]:
     idle = os.environ.get("SANDBOX_SERVER_IDLE")
     return HOOK_ENV + ([f"SANDBOX_SERVER_IDLE={idle}"] if idle is not None else [])
 
+
 HOW = ("runc and crun run the hook with the container's state on stdin; add it to a bundle with "
        "`sandbox hook install BUNDLE`")
 class ContainerState(msgspec.Struct):

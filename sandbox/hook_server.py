@@ -121,6 +121,8 @@ def serve(args, main) -> int:
     from gofer import seccomp
     from mounts.errors import SandboxError
 
+    if getattr(args, "once", False):
+        return _serve_once(main)
     _preload()
     idle = getattr(args, "idle_exit", 0)  # (`hook serve` has none)
     listener = _activated()
@@ -348,6 +350,25 @@ def _fork_child(conn, others: list, wake: tuple[int, int], main) -> None:
             os._exit(code)
     _children.add(child)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+
+
+def _serve_once(main) -> int:
+    """The launcher's own planner (sandbox/launcher.c, where no server listens): the one
+    request on fd 3, its end of a socketpair, served as a server's child serves it, in a
+    session of our own (a ^C to the caller's process group is the container's to get)."""
+    import socket
+
+    from sandbox.launcher import entry_code
+
+    global _PROGRAM
+    _PROGRAM = entry_code()
+    os.setsid()
+    conn = socket.socket(fileno=3)
+    conn.set_inheritable(False)
+    if not _trusted_peer(conn):
+        _decline(conn, "a planner serves only root with CAP_SYS_ADMIN")
+        return 0
+    return _handle(conn, main)
 
 
 def _activated():

@@ -27,7 +27,9 @@
  * served create's pid 1 starts with). `exec`, `create` and `run` go the same way after this
  * program has re-executed itself from a read-only view of itself: the server answers with a
  * plan that frontend.c carries out in this process tree (sandbox/exec_frontend.py,
- * sandbox/create_frontend.py).
+ * sandbox/create_frontend.py); where no server is of use, a planner of our own does
+ * (own_planner: `serve --once` on a socketpair, the same wire). SANDBOX_SERVER= (empty):
+ * neither, every verb in our own Python.
  *
  * sandbox/launcher.py builds this file with SANDBOX_PYTHON (the interpreter, as argv[0]
  * names it), SANDBOX_CODE (the program for -c), SANDBOX_SERVED and SANDBOX_GLOBAL_VALUES
@@ -49,6 +51,7 @@
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include SANDBOX_CONFIG
@@ -87,9 +90,42 @@ static const char *server_path(void) {
     return path ? path : DEFAULT_SOCKET;
 }
 
+/* No server to plan exec, create or run: a planner of our own, this program's `serve --once`
+ * with the other end of a socketpair as its fd 3 (the same wire and code as a server's
+ * child, for one request), /dev/null as its stdio, PATH alone as its environment, no other
+ * fd of ours, and not our child (its parent exits at once: nothing here waits for it). */
+static int own_planner(void) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (fork() != 0) _exit(0);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+        null = null >= 0 ? fcntl(null, F_DUPFD_CLOEXEC, 4) : -1; /* (above 3: a closed stdio's number, or 3) */
+        int s = fcntl(sv[1], F_DUPFD_CLOEXEC, 4);
+        char *args[] = {"/proc/self/exe", "serve", "--once", NULL}, *env[] = {SERVER_PATH_ENV, NULL};
+        if (null >= 0 && s >= 0 && dup2(null, 0) == 0 && dup2(null, 1) == 1 && dup2(null, 2) == 2 && dup2(s, 3) == 3
+            && syscall(SYS_close_range, 4, ~0U, 0) == 0)
+            execve(args[0], args, env);
+        _exit(127);
+    }
+    close(sv[1]);
+    if (pid < 0) {
+        close(sv[0]);
+        return -1;
+    }
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+    return sv[0];
+}
+
 /* The request (command line, cwd, umask, environment; stdio as SCM_RIGHTS) sent to the warm
- * server: its connection, or -1 where there is none to use. */
-static int send_request(int argc, char **argv) {
+ * server, or for a plan (exec, create, run) where none is of use to a planner of our own:
+ * the connection, or -1 where there is none to use. */
+static int send_request(int argc, char **argv, int plan) {
     const char *path = server_path();
     for (int fd = 0; fd < 3; fd++)
         if (fcntl(fd, F_GETFD) < 0) return -1; /* a closed stdio: as Python copes with it */
@@ -110,7 +146,8 @@ static int send_request(int argc, char **argv) {
         return -1;
     }
     char *self[] = {"/proc/self/exe"}; /* (a server started here is this program's `serve`) */
-    int s = server_connect(path, self, 1);
+    int s = *path ? server_connect(path, self, 1) : -1;
+    if (s < 0 && plan && *path) s = own_planner(); /* (SANDBOX_SERVER=: neither, the verb in our Python) */
     int fds[3] = {0, 1, 2};
     union { char buf[CMSG_SPACE(sizeof fds)]; struct cmsghdr align; } control;
     struct iovec iov = {.iov_base = req.p, .iov_len = req.n};
@@ -156,7 +193,7 @@ static ssize_t first_answer(int s, char *buf, size_t cap, int *fds, int *nfds, i
 /* The verb run by the warm server's child: its exit code, or -1 where the server is of no use
  * (nothing has happened: the verb runs here). */
 static int served(int argc, char **argv) {
-    int s = send_request(argc, argv);
+    int s = send_request(argc, argv, 0);
     if (s < 0) return -1;
     char reply[4096];
     int fds[MAX_FDS], nfds = 0, late;
@@ -200,7 +237,7 @@ static int served(int argc, char **argv) {
  * taking up (nothing happens before it is carried out here). */
 static int served_plan(int argc, char **argv, int at) {
     const char *verb = argv[at];
-    int s = send_request(argc, argv);
+    int s = send_request(argc, argv, 1);
     if (s < 0) return -1;
     char *buf = malloc(MAX_REQUEST + 1);
     int fds[MAX_FDS], nfds = 0, late = 0, taken = 0;
@@ -260,13 +297,6 @@ static void seal(char **argv) {
     close(fd);
 }
 
-/* Whether a server listens, or one may be started here (server_connect.h). */
-static int server_listens(void) {
-    struct stat st;
-    if (stat(server_path(), &st) == 0 && S_ISSOCK(st.st_mode)) return 1;
-    return *server_path() && server_idle() != NULL && node_root();
-}
-
 int main(int argc, char **argv)
 {
     signal(SIGCHLD, SIG_DFL); /* (a caller's SIG_IGN would have waitpid fail: Python's too) */
@@ -277,7 +307,7 @@ int main(int argc, char **argv)
         if (code >= 0)
             return code;
     }
-    if (verb && (!strcmp(verb, "exec") || !strcmp(verb, "create") || !strcmp(verb, "run")) && server_listens()) {
+    if (verb && (!strcmp(verb, "exec") || !strcmp(verb, "create") || !strcmp(verb, "run")) && *server_path()) {
         if (!sealed())
             seal(argv);
         if (sealed()) {

@@ -7,10 +7,12 @@
  * its bounding set effective and that set at least pid 1's, no seccomp filter, no
  * no_new_privs, the node's namespaces (user, pid, uts, ipc, cgroup and time, and those its
  * children would get, by the kernel's fixed inodes of the initial ones; mount and net as
- * pid 1's, or kthreadd's where pid 1's cannot be read), pid 1's root, and only below directories that are root's and writable by no one else
- * (the socket's directory is made 0700 where missing). Anything else connects or falls back
- * as before, with no server started. A lock on the socket's directory makes one starter of
- * many; the loser connects to the winner's server.
+ * pid 1's, or kthreadd's where pid 1's cannot be read), pid 1's root, and only below
+ * directories that are root's and writable by no one else (the socket's directory is made
+ * 0700 where missing), and only where the server would be pid 1's child once detached (not
+ * a subreaper's: conmon would wait for it). Anything else connects or falls back as before,
+ * with no server started. A lock on the socket's directory makes one starter of many; the
+ * loser connects to the winner's server.
  *
  * The server (`sandbox serve --idle-exit N`, N from $SANDBOX_SERVER_IDLE: default 600 s,
  * 0: never start one) gets the bound socket as systemd would pass it (fd 3, LISTEN_FDS=1),
@@ -273,18 +275,33 @@ static int start_server(const char *path, char *const *argv) {
         unlinkat(dirfd, slash + 1, 0);
         goto out;
     }
-    pid_t child = fork();
+    /* detached: its parent exits, and the server's is pid 1 then; or a subreaper's on the way
+     * (conmon, a shim, a session manager), which would wait for it (conmon does, past its
+     * container's end): then none is started (the word back on a pipe) */
+    int word[2] = {-1, -1};
+    char adopted = 0;
+    pid_t child = pipe2(word, O_CLOEXEC) == 0 ? fork() : -1;
+    if (child < 0 && word[0] >= 0) close(word[0]), close(word[1]);
     if (child == 0) {
         setsid();
-        if (fork() == 0) exec_server(l, dirfd, slash + 1, argv); /* (no parent of the caller's: detached) */
+        pid_t parent = getpid();
+        if (fork() == 0) {
+            for (int i = 0; getppid() == parent && i < 20000; i++) usleep(50);
+            adopted = getppid() == 1 ? 'y' : 'n';
+            if (write(word[1], &adopted, 1) == 1 && adopted == 'y') exec_server(l, dirfd, slash + 1, argv);
+        }
         _exit(0);
     }
-    if (child < 0) {
-        close(s);
+    if (child > 0) {
+        close(word[1]);
+        while (waitpid(child, NULL, 0) < 0 && errno == EINTR) {}
+        while (read(word[0], &adopted, 1) < 0 && errno == EINTR) {}
+        close(word[0]);
+    }
+    if (adopted != 'y') {
+        if (s >= 0) close(s);
         s = -1;
         unlinkat(dirfd, slash + 1, 0);
-    } else {
-        while (waitpid(child, NULL, 0) < 0 && errno == EINTR) {}
     }
 out:
     if (l >= 0) close(l);

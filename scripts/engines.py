@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -206,22 +207,29 @@ class Podman(Engine):
 
     def prefix(self, runtime: str = "sandbox") -> list[str]:
         b = self.base
-        # conmon passes the runtime only the environment containers.conf gives it: a warm
-        # server named by SANDBOX_SERVER (not at its default socket) is named there too
-        server = os.environ.get("SANDBOX_SERVER")
-        conf = b / "containers.conf"
-        if server and not conf.exists():
-            b.mkdir(parents=True, exist_ok=True)
-            conf.write_text(f'[engine]\nconmon_env_vars = ["PATH={os.environ.get("PATH", os.defpath)}", '
-                            f'"SANDBOX_SERVER={server}"]\n')
-        env = ["env", f"CONTAINERS_CONF={conf}"] if server else []
-        common = [*env, "podman", "--root", str(b / "root"), "--runroot", str(b / "runroot"), "--tmpdir", str(b / "tmp"),
+        # podman passes the runtime no environment of its own (PATH, XDG_RUNTIME_DIR) on its
+        # direct calls (start, kill, delete) and conmon's containers.conf's on create: ours
+        # (a warm server named by SANDBOX_SERVER; SANDBOX_SERVER_IDLE, tests' 0: no server
+        # started at the node's socket) reach it through a runtime that sets them
+        ours = [f"{k}={shlex.quote(os.environ[k])}" for k in ("SANDBOX_SERVER", "SANDBOX_SERVER_IDLE") if k in os.environ]
+
+        def with_env(binary: str) -> str:
+            if not ours:
+                return binary
+            script = b / f"{Path(binary).name}-env"
+            if not script.exists():
+                b.mkdir(parents=True, exist_ok=True)
+                script.write_text(f"#!/bin/sh\nexport {' '.join(ours)}\nexec {binary} \"$@\"\n")
+                script.chmod(0o755)
+            return str(script)
+
+        common = ["podman", "--root", str(b / "root"), "--runroot", str(b / "runroot"), "--tmpdir", str(b / "tmp"),
                   "--storage-driver", "overlay", "--cgroup-manager", "systemd" if self.systemd else "cgroupfs",
                   "--events-backend", "file"]
         if runtime == "runc":
             return [*common, "--runtime", RUNC, "--runtime-flag", f"root={self.base / 'runc-state'}"]
         binary, root = (WRAPPER, self.wrapper_root) if runtime == "wrapper" else (SANDBOX, self.runtime_root)
-        return [*common, "--runtime", binary, "--runtime-flag", f"driver-root={self.driver_root}",
+        return [*common, "--runtime", with_env(binary), "--runtime-flag", f"driver-root={self.driver_root}",
                 "--runtime-flag", f"root={root}"]
 
     def start(self, image: Path) -> None:

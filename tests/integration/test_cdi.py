@@ -40,7 +40,12 @@ def test_generate_is_deterministic_yaml_or_json_and_lists(driver_root, tmp_path)
     assert as_json["cdiVersion"] == "0.5.0" and as_json["kind"] == "nvidia.com/gpu"  # hostPath needs 0.5.0
     hook, = as_json["containerEdits"]["hooks"]
     assert hook["hookName"] == "createRuntime" and hook["args"][-2:] != ["cdi", "hook"]
-    assert hook["env"] == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+    assert hook["env"] == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                           "SANDBOX_SERVER_IDLE=0"]  # (the generator's: tests/conftest.py's)
+    bare = {k: v for k, v in os.environ.items() if k != "SANDBOX_SERVER_IDLE"}
+    default = json.loads(sandbox("cdi", "generate", "--driver-root", driver_root, "--format", "json", env=bare).stdout)
+    assert default["containerEdits"]["hooks"][0]["env"] == [
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
     assert "ldconfig" not in json.dumps(as_json)
     out = tmp_path / "cdi" / "nvidia.yaml"
     out.parent.mkdir()

@@ -1176,3 +1176,37 @@ def test_an_exited_container_is_answered_in_runcs_words(server, make_bundle, tmp
             assert words == ["container not running" if args[1] == "{}" else "container does not exist"], words
     assert not os.listdir(root) and not os.listdir(tmp_path / "runc")
     assert "declined" not in log.read_text()
+
+
+def test_without_a_server_a_planner_of_the_launchers_own(make_bundle, tmp_path):
+    """No server listens at SANDBOX_SERVER and none may be started (SANDBOX_SERVER_IDLE=0):
+    create, run and exec go to the launcher's own planner (`serve --once`) and the C
+    executor, not to the launcher's Python: pid 1 and exec's process are made by the
+    launcher (its children, from its sealed view: /proc/PID/exe), with what Python's verbs
+    give, and nothing is left; SANDBOX_SERVER= (empty) is Python's."""
+    none = tmp_path / "none" / "s.sock"
+    root = tmp_path / "state"
+    bundle = make_bundle(["sh", "-c", "echo $$; sleep 100"])
+    made = {}
+    for how, server_path in (("py", ""), ("own", none)):
+        env = dict(os.environ, SANDBOX_SERVER=str(server_path), SANDBOX_SERVER_IDLE="0")
+        with open(tmp_path / f"{how}.out", "w") as out:  # (the init keeps it: a pipe would end only with it)
+            r = subprocess.run([str(LAUNCHER), "--root", str(root), "create", "-b", str(bundle), how], env=env,
+                               stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=60)
+        assert r.returncode == 0, (tmp_path / f"{how}.out").read_text()
+        try:
+            pid = json.loads(verb("", "--root", root, "state", how).stdout)["pid"]
+            exe = Path(f"/proc/{pid}/comm").read_text().strip()
+            r = subprocess.run([str(LAUNCHER), "--root", str(root), "exec", how, "sh", "-c",
+                                "readlink /proc/1/exe; id; cat /proc/self/status | grep -E '^(Cap|NoNewPrivs)'"],
+                               env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+            assert r.returncode == 0, r.stderr
+            made[how] = (exe, r.stdout, r.stderr)
+        finally:
+            verb("", "--root", root, "delete", "--force", how)
+        code, out, err = _run(server_path, root, make_bundle(["sh", "-c", "echo ran; exit 3"]), f"r-{how}")
+        made[how] += (code, out, err)
+    assert made["py"][1:] == made["own"][1:], made
+    assert (made["py"][0], made["own"][0]) == ("sandbox-gofer", "sandbox"), made  # (Python's gofer; the launcher)
+    assert made["own"][4] == "ran\n" and made["own"][3] == 3
+    assert not os.listdir(root) and not none.exists()

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -124,7 +125,7 @@ def test_a_server_outlives_a_verb_served_while_idle_passes(sock, make_bundle, tm
 
 @pytest.mark.parametrize("why", ["idle 0", "idle not a number", "not root", "a smaller bounding set", "no_new_privs",
                                  "another mount namespace", "a pid namespace for its children",
-                                 "a directory others may write"])
+                                 "a subreaper above it", "a directory others may write"])
 def test_only_the_nodes_root_starts_one(sock, tmp_path, why):
     idle, cmd = {"idle 0": ("0", []), "idle not a number": ("1m", [])}.get(why, ("60", []))
     if why == "not root":
@@ -137,6 +138,9 @@ def test_only_the_nodes_root_starts_one(sock, tmp_path, why):
         cmd = ["unshare", "-m", "--propagation", "private"]
     elif why == "a pid namespace for its children":  # (no --fork: the verb in ours, its server in a new one)
         cmd = ["unshare", "-p"]
+    elif why == "a subreaper above it":  # (conmon, a shim: it would have the server as its child, and wait)
+        cmd = [sys.executable, "-c", "import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); "
+               "sys.exit(os.waitstatus_to_exitcode(os.waitpid(os.spawnv(os.P_NOWAIT, sys.argv[1], sys.argv[1:]), 0)[1]))"]
     elif why == "a directory others may write":
         sock.parent.mkdir(mode=0o700)
         sock.parent.chmod(0o777)
