@@ -12,7 +12,7 @@ import os
 import time
 
 from mounts.errors import SandboxError
-from sandbox.state import StateDir, being_created, not_found, start_time
+from sandbox.state import StateDir, being_created, not_found, remove_cgroups, start_time
 
 
 def main(args) -> int:
@@ -68,16 +68,3 @@ def kill_all(state) -> None:
         if time.monotonic() > deadline:
             raise SandboxError(f"container {state.id!r}: pid {state.pid} did not die after SIGKILL")
         time.sleep(0.002)
-
-
-def remove_cgroups(state) -> None:
-    """The container's systemd unit stopped (the one we started: a unit of that name started
-    since is someone else's), the cgroups it made removed."""
-    if state.systemd_unit and state.systemd_invocation:
-        from gofer.systemd import stop
-
-        stop(state.systemd_unit, state.systemd_invocation)
-    if state.cgroup_created:
-        from gofer.cgroups import remove_dirs
-
-        remove_dirs(state.cgroup_created)

@@ -120,7 +120,10 @@ int main(int argc, char **argv) {
         bad = (i > hook && put(&req, ", ", 2)) || !utf8((unsigned char *)argv[i], strlen(argv[i]))
               || json_string(&req, argv[i], strlen(argv[i]));
     }
-    bad = bad || put(&req, "], \"stdin\": ", 12) || json_string(&req, state.p ? state.p : "", state.n);
+    char cwd[PATH_MAX]; /* (relative paths are ours: runc starts a hook in the bundle) */
+    bad = bad || getcwd(cwd, sizeof cwd) == NULL || !utf8((unsigned char *)cwd, strlen(cwd));
+    bad = bad || put(&req, "], \"cwd\": ", 10) || json_string(&req, cwd, strlen(cwd));
+    bad = bad || put(&req, ", \"stdin\": ", 11) || json_string(&req, state.p ? state.p : "", state.n);
     for (int i = 1; i + 1 < hook && !bad; i++) /* the program: the Python hook's -c CODE */
         if (strcmp(argv[i], "-c") == 0)
             bad = put(&req, ", \"program\": ", 13) || json_string(&req, argv[i + 1], strlen(argv[i + 1]));

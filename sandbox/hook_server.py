@@ -615,6 +615,13 @@ def _run_hook(conn, request) -> int:
         if args is None or getattr(args, "trace", None):  # (a trace is the hook's own to write: never ours)
             _decline(conn, "arguments only the hook itself reads", read=False)
             return 0
+        cwd = request.get("cwd")  # (relative paths are the client's: runc starts a hook in the bundle)
+        if cwd is not None:
+            try:
+                os.chdir(cwd)
+            except (OSError, TypeError, ValueError) as e:
+                _decline(conn, f"cwd {cwd!r}: {getattr(e, 'strerror', None) or e}", read=False)
+                return 0
         state = request["stdin"].encode("utf-8", "surrogateescape")
         cid = str(loads(request["stdin"]).get("id", "?")) if request["stdin"].lstrip().startswith("{") else "?"
         if args.verb == "cdi":

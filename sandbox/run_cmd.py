@@ -82,8 +82,8 @@ def main(args, gofer: Gofer | None = None) -> int:
 
 
 def _remove(sd, state) -> None:
-    """The container's cgroups (sandbox/delete_cmd.py), then its state."""
-    from sandbox.delete_cmd import remove_cgroups
+    """The container's cgroups (sandbox/state.py), then its state."""
+    from sandbox.state import remove_cgroups
 
     remove_cgroups(state)
     sd.remove()

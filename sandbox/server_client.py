@@ -5,6 +5,7 @@ no msgspec, no plan, nothing of the server's."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 SOCKET = "/run/gpu-sandbox/hook.sock"  # (the hook's first; the launcher's too: $SANDBOX_SERVER)
@@ -37,7 +38,7 @@ def forward(argv: list[str]) -> int | None:
             raise OSError("the server is not root's")
         state = sys.stdin.buffer.read()
         sys.stdin = _replay(state)  # should the server be of no use, the hook reads it again here
-        request = {"argv": argv, "stdin": state.decode("utf-8", "surrogateescape")}
+        request = {"argv": argv, "stdin": state.decode("utf-8", "surrogateescape"), "cwd": os.getcwd()}
         if "-c" in sys.orig_argv:  # the program (launcher.entry_code): a server of another installation declines
             request["program"] = sys.orig_argv[sys.orig_argv.index("-c") + 1]
         s.sendall(dumps(request).encode())

@@ -192,8 +192,6 @@ class StateDir:
                     old = self._read()
                     if old is None or not (old.foreground and old.status == "stopped"):
                         raise SandboxError(f"container {self.id!r} already exists ({self.dir})")
-                    from sandbox.delete_cmd import remove_cgroups
-
                     try:  # (its cgroups go with it, as delete removes them: else nothing would)
                         remove_cgroups(old)
                     except (OSError, SandboxError):
@@ -364,3 +362,16 @@ def list_states(root: str) -> list[State]:
             if st is not None:
                 out.append(st)
     return out
+
+
+def remove_cgroups(state) -> None:
+    """The container's systemd unit stopped (the one we started: a unit of that name started
+    since is someone else's), the cgroups it made removed."""
+    if state.systemd_unit and state.systemd_invocation:
+        from gofer.systemd import stop
+
+        stop(state.systemd_unit, state.systemd_invocation)
+    if state.cgroup_created:
+        from gofer.cgroups import remove_dirs
+
+        remove_dirs(state.cgroup_created)

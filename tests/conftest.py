@@ -21,6 +21,32 @@ os.environ["SANDBOX_SERVER"] = ""
 os.environ["SANDBOX_SERVER_IDLE"] = "0"  # nor does a client of a test start one (sandbox/server_connect.h)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_server_left_at_the_nodes_socket():
+    """podman passes its runtime no environment on its direct calls (start, kill, delete):
+    those of a test that configures podman with our runtime start the node's server (at the
+    default socket, as they would on a node). Stopped, and its files removed, at the end."""
+    from sandbox.server_client import SOCKET
+
+    there = os.path.lexists(SOCKET)
+    yield
+    if there:
+        return
+    import shutil
+    import signal
+
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/1") == f"{SOCKET}.log":
+                os.kill(int(pid), signal.SIGTERM)
+        except OSError:
+            pass
+    for path in (SOCKET, f"{SOCKET}.log"):
+        if os.path.lexists(path):
+            os.unlink(path)
+    shutil.rmtree(f"{SOCKET}.bpf", ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def driver_root() -> Path:
     """The real NVIDIA 535 driver files under a fixture driver root, with a persistenced

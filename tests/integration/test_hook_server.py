@@ -180,3 +180,21 @@ def test_silent_clients_do_not_stop_the_others(server, make_bundle, driver_root,
     finally:
         for s in silent:
             s.close()
+
+
+def test_a_relative_driver_root_is_the_clients(server, make_bundle, driver_root):
+    """runc starts a hook in the bundle: a relative --driver-root is relative to the client's
+    cwd, served as here (the Python client and the C one send their cwd; the server's child
+    is at "/"). Our own pid as the container's: refused after planning, which shows the
+    driver root was found."""
+    path, log, _ = server
+    bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all"])
+    state = json.dumps({"ociVersion": "1.0.2", "id": "rel", "pid": os.getpid(), "bundle": str(bundle)})
+    client = Path(CLI[0]).parent / "sandbox-hook"
+    cmds = {"python": [*CLI, "hook", "--driver-root", driver_root.name, "--server", str(path)]}
+    if client.is_file():
+        cmds["c"] = [str(client), *cmds["python"]]
+    for name, cmd in cmds.items():
+        r = subprocess.run(cmd, input=state, capture_output=True, text=True, cwd=driver_root.parent, timeout=30)
+        assert r.returncode == 1 and "shares our mount namespace" in r.stderr, (name, r.stderr)
+    assert len(_served(log)) == len(cmds), log.read_text()

@@ -59,7 +59,8 @@ def test_the_answer_is_relayed(client, tmp_path):
     t.join(10)
     assert r.returncode == 3 and r.stderr.decode() == 'sandbox hook: bad "thing" \u00e9\n', r.stderr
     request = json.loads(got["request"])
-    assert request == {"argv": ["hook", "--driver-root", "/", "--server", str(path)], "stdin": STATE, "program": "cat; exit 7"}
+    assert request == {"argv": ["hook", "--driver-root", "/", "--server", str(path)], "cwd": os.getcwd(), "stdin": STATE,
+                       "program": "cat; exit 7"}
 
 
 def test_a_server_that_dies_is_one_line(client, tmp_path):
