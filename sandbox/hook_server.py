@@ -123,12 +123,16 @@ def serve(args, main) -> int:
 
     if getattr(args, "once", False):
         return _serve_once(main)
-    _preload()
     idle = getattr(args, "idle_exit", 0)  # (`hook serve` has none)
     listener = _activated()
+    # a client's start (sandbox/server_connect.h): its request waits in our queue, so the
+    # first child imports what it needs itself, and we preload (for the next) once it is forked
+    lazy = listener is not None and bool(idle)
+    if not lazy:
+        _preload()
     if listener is not None:
         path = listener.getsockname()
-        if idle:  # a client's start (sandbox/server_connect.h): the socket is ours to remove
+        if idle:  # a client's start: the socket is ours to remove
             _bound[path] = os.lstat(path).st_ino
     else:
         path = os.path.abspath(args.server or (os.environ.get("SANDBOX_SERVER") if args.verb == "serve" else None)
@@ -212,6 +216,10 @@ def serve(args, main) -> int:
                             inventories.receive(reports)  # (what children sent since: never waited for)
                             _cap_log()
                             _fork_child(conn, [listener, reports, *(c for c, _ in waiting.values())], wake, main)
+                            if lazy:  # (and their files, as they are now; the rest as they were at our start)
+                                _preload()
+                                extra = [f for f in _code_files() if f not in code]
+                                code, stamp, lazy = code + extra, stamp + _code_stamp(extra), False
                 elif fd == wake[0]:  # (emptied: the handlers themselves run between bytecodes)
                     try:
                         while os.read(wake[0], 256):

@@ -216,7 +216,10 @@ def test_the_hook_client_starts_one(sock, tmp_path, driver_root):
                            timeout=60)
     assert (first.returncode, first.stderr) == (here.returncode, here.stderr) and here.returncode != 0
     assert len(servers(sock)) == 1
-    assert "sandbox hook serve: h1: exit" in Path(f"{sock}.log").read_text()
+    deadline = time.monotonic() + 10  # (the child logs once it has answered)
+    while "sandbox hook serve: h1: exit" not in Path(f"{sock}.log").read_text():
+        assert time.monotonic() < deadline, Path(f"{sock}.log").read_text()
+        time.sleep(0.02)
 
 
 def test_a_client_of_another_installation_is_declined(sock, tmp_path):
