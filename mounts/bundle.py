@@ -82,6 +82,8 @@ def _process(spec: Spec) -> None:
     proc = spec.process
     if proc is None:
         return
+    if proc.args and not proc.args[0]:  # (execve refuses it; runc finds no such executable)
+        raise Invalid("process.args[0]", "must not be empty")
     if not proc.cwd:
         raise Invalid("process.cwd", "must not be empty")
     if not proc.cwd.startswith("/"):

@@ -42,7 +42,7 @@ class CreateFrontend:
         in Python."""
         from sandbox.launch import options, read_bundle
 
-        opts = options(args, detached=True, foreground=False)
+        opts = options(args, detached=True, foreground=args.verb == "run" and not args.detach)
         try:
             read = read_bundle(opts)
         except SandboxError:

@@ -62,7 +62,7 @@ def _process(args, spec, bundle: str) -> Process:
 
         # a regular file of bounded size (/dev/zero or a FIFO is refused, not read)
         return parse_process(read_config(args.process, ""), spec, f"--process {args.process}")
-    if not args.args:
+    if not args.args or not args.args[0]:
         raise SandboxError("exec: which command? (sandbox exec ID COMMAND..., or --process FILE)")
     base = spec.process
     if base is None:

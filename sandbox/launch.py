@@ -137,10 +137,11 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
                     from mounts.cdi import spec_hook_actions
 
                     cdi_actions = spec_hook_actions(cdi_args)
-                if spec.process.terminal and opts.detached and not opts.console_socket:
+                # (as the caller asked: a served foreground run is "detached" here, the launcher waits)
+                if spec.process.terminal and not opts.foreground and not opts.console_socket:
                     raise BundleError(f"{bundle.path}/config.json: process.terminal is set: a detached "
                                       "container needs --console-socket to hand its terminal to")
-                if opts.console_socket and not (spec.process.terminal and opts.detached):
+                if opts.console_socket and not (spec.process.terminal and not opts.foreground):
                     raise BundleError(f"--console-socket {opts.console_socket}: only for a detached container "
                                       f"with a terminal ({bundle.path}/config.json: process.terminal is "
                                       f"{str(spec.process.terminal).lower()})")

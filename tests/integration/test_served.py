@@ -474,6 +474,12 @@ def test_a_terminal_is_served_as_in_python(server, make_bundle, tmp_path):
             reader.join(30)
             plain = verb(server_path, "--root", root, "exec", "-t", how, "sh", "-c", "tty; echo done")
             seen[how] = (got, plain.returncode, plain.stdout, plain.stderr)
+            # a foreground run of a terminal bundle without a console socket: the caller's stdio
+            fg = make_bundle(["sh", "-c", "tty; echo ran"])
+            config = json.loads((fg / "config.json").read_text())
+            config["process"]["terminal"] = True
+            (fg / "config.json").write_text(json.dumps(config))
+            seen[how] += _run(server_path, root, fg, f"fg-{how}")
         finally:
             listener.close()
             verb("", "--root", root, "delete", "--force", how)
@@ -482,9 +488,9 @@ def test_a_terminal_is_served_as_in_python(server, make_bundle, tmp_path):
     assert got["create"][0] == got["exec"][0] == b"/dev/ptmx"
     assert got["create"][1].split(b"\r\n")[:4] == [b"/dev/pts/0", b"30 100", b"ctty", b"on-the-pty"], got
     assert got["exec"][1].split(b"\r\n")[1:4] == [b"30 100", b"ctty", b"on-the-pty"], got
-    assert seen["py"][1:3] == (0, "not a tty\ndone\n"), seen
+    assert seen["py"][1:3] == (0, "not a tty\ndone\n") and seen["py"][4:] == (0, "not a tty\nran\n", ""), seen
     assert "declined" not in log.read_text()
-    assert [line.split(": ")[1] for line in served_lines(log)] == ["create", "exec", "exec"], log.read_text()
+    assert [line.split(": ")[1] for line in served_lines(log)] == ["create", "exec", "exec", "run"], log.read_text()
 
 
 def test_a_kubernetes_pod_with_the_warm_server(tmp_path_factory, driver_root, monkeypatch):
@@ -1206,7 +1212,9 @@ def test_without_a_server_a_planner_of_the_launchers_own(make_bundle, tmp_path):
             verb("", "--root", root, "delete", "--force", how)
         code, out, err = _run(server_path, root, make_bundle(["sh", "-c", "echo ran; exit 3"]), f"r-{how}")
         made[how] += (code, out, err)
+        made[how] += _run(server_path, root, make_bundle(["/nonexistent"]), f"n-{how}")  # (its exec fails past start)
     assert made["py"][1:] == made["own"][1:], made
     assert (made["py"][0], made["own"][0]) == ("sandbox-gofer", "sandbox"), made  # (Python's gofer; the launcher)
     assert made["own"][4] == "ran\n" and made["own"][3] == 3
+    assert made["own"][6:] == (127, "", "sandbox run: exec /nonexistent: No such file or directory\n"), made
     assert not os.listdir(root) and not none.exists()

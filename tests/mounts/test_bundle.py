@@ -41,6 +41,7 @@ NS = [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]
 
 # (rule, the spec's changes, what the one line must name)
 BAD = [
+    ("args[0] empty", {"process__args": ["", "x"]}, "process.args[0]: must not be empty"),
     ("M4 cwd empty", {"process__cwd": ""}, "process.cwd: must not be empty"),
     ("M4 cwd missing", {"process__cwd": _DELETE}, "process.cwd: must not be empty"),
     ("M5 cwd relative", {"process__cwd": "tmp"}, "process.cwd: 'tmp' is not an absolute path"),
