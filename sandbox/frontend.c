@@ -97,8 +97,9 @@ struct plan {
 };
 
 static int report_fd = -1;
-static char verb_name[16] = "run"; /* the verb whose process this is, for a line past start (a copy:
-                                     * hide_command_line blanks argv) */
+/* What a line past start begins with, as Python's: a foreground run's "sandbox run" (its
+ * launcher reports), a created init's "sandbox" (set before hide_command_line blanks argv) */
+static const char *line_prefix = "sandbox";
 static int report_waits; /* a created init's: its report goes to the builder, in its pid namespace */
 
 /* One "err CODE MESSAGE" line to P (gofer/enter.py's report), then exit with CODE; a
@@ -121,7 +122,7 @@ static void fail(int code, const char *fmt, ...) {
             if (r == 0 || (r < 0 && errno != EINTR)) break;
         }
     } else
-        dprintf(2, "sandbox %s: %s\n", verb_name, msg);
+        dprintf(2, "%s: %s\n", line_prefix, msg);
     _exit(code);
 }
 
@@ -740,7 +741,6 @@ static void hide_command_line(char **argv) {
 
 int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds, char **argv) {
     struct plan pl;
-    snprintf(verb_name, sizeof verb_name, "exec");
     if (parse(&pl, buf, n, fds, nfds) < 0) {
         fprintf(stderr, "sandbox exec: the server's plan is not one this launcher reads (rebuild both)\n");
         return 1;
@@ -835,7 +835,7 @@ static void init_process(int chan) {
  * channel to it, or "err CODE MESSAGE"; the server then answers with the exit code. */
 int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char **argv, int verb_at) {
     const char *verb = argv[verb_at];
-    snprintf(verb_name, sizeof verb_name, "%s", verb);
+    if (!strcmp(verb, "run")) line_prefix = "sandbox run";
     static struct plan pl; /* (its tables are large; this process makes one) */
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* before any namespace of the container's (pid 1 inherits it) */
     if (parse(&pl, buf, n, fds, nfds) < 0 || !pl.clone) {

@@ -191,18 +191,24 @@ def _agent(sock_path: str, answers: list, ready) -> None:
     srv.close()
 
 
+def start_agent(sock_path: str):
+    """_agent in a thread, listening once this returns: (the thread, what it is told)."""
+    import threading
+
+    answers: list = []
+    ready = threading.Event()
+    agent = threading.Thread(target=_agent, args=(sock_path, answers, ready), daemon=True)
+    agent.start()
+    ready.wait(5)
+    return agent, answers
+
+
 @pytest.mark.parametrize("nnp", [True, False], ids=["no_new_privs", "privs"])
 def test_notify_goes_to_the_agent_at_listener_path(nnp, make_bundle, tmp_path):
     """SCMP_ACT_NOTIFY: the agent gets the fd and the container process state (the pid as the
     host sees it, the metadata, the container's state), and its answer is what mkdir returns."""
-    import threading
-
     path = str(tmp_path / "agent.sock")
-    answers: list = []
-    ready = threading.Event()
-    agent = threading.Thread(target=_agent, args=(path, answers, ready), daemon=True)
-    agent.start()
-    ready.wait(5)
+    agent, answers = start_agent(path)
     profile = {"defaultAction": "SCMP_ACT_ALLOW", "listenerPath": path, "listenerMetadata": "from-the-test",
                "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_NOTIFY"}]}
     bundle = _bundle(make_bundle, profile, nnp=nnp, args=("sh", "-c", "mkdir /tmp/n 2>&1; echo done"))

@@ -316,20 +316,14 @@ def test_a_seccomp_agent_is_served_as_in_python(server, make_bundle, tmp_path, n
     filter with a new listener and sends its fd to the agent with the container process
     state (its pid as the host sees it: pid 1's, exec's process's); the agent's answer is
     what mkdir returns; the same as in Python, and nothing is declined."""
-    import threading
-
-    from tests.integration.test_seccomp import _agent, _bundle
+    from tests.integration.test_seccomp import _bundle, start_agent
 
     path, log, _ = server
     root = tmp_path / "state"
     seen = {}
     for how, server_path in (("py", ""), ("warm", path)):
         agent_path = str(tmp_path / f"{how}-agent.sock")
-        answers: list = []
-        ready = threading.Event()
-        agent = threading.Thread(target=_agent, args=(agent_path, answers, ready), daemon=True)
-        agent.start()
-        ready.wait(5)
+        agent, answers = start_agent(agent_path)
         profile = {"defaultAction": "SCMP_ACT_ALLOW", "listenerPath": agent_path, "listenerMetadata": "m",
                    "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_NOTIFY"}]}
         bundle = _bundle(make_bundle, profile, nnp=nnp, args=("sh", "-c", "mkdir /tmp/n 2>&1; echo done"))
@@ -345,12 +339,9 @@ def test_a_seccomp_agent_is_served_as_in_python(server, make_bundle, tmp_path, n
         spec = json.loads((bundle / "config.json").read_text())
         spec["process"]["args"] = ["sleep", "100"]
         (bundle / "config.json").write_text(json.dumps(spec))
-        answers.clear()
-        ready.clear()
         os.unlink(agent_path)  # (the run's agent is done)
-        agents = [threading.Thread(target=_agent, args=(agent_path, answers, ready), daemon=True)]
-        agents[0].start()
-        ready.wait(5)
+        first, answers = start_agent(agent_path)
+        agents = [first]
         _launch(server_path, root, bundle, f"e-{how}", tmp_path)
         try:
             init = json.loads(verb("", "--root", root, "state", f"e-{how}").stdout)["pid"]
@@ -358,17 +349,15 @@ def test_a_seccomp_agent_is_served_as_in_python(server, make_bundle, tmp_path, n
             while not answers and time.monotonic() < deadline:  # (the init's, taken: the agent's socket is free)
                 time.sleep(0.02)
             os.unlink(agent_path)
-            ready.clear()
-            agents.append(threading.Thread(target=_agent, args=(agent_path, answers, ready), daemon=True))
-            agents[1].start()
-            ready.wait(5)
+            second, more = start_agent(agent_path)
+            agents.append(second)
             r = verb(server_path, "--root", root, "exec", f"e-{how}", "sh", "-c", "mkdir /tmp/m 2>&1; echo $$")
             assert r.returncode == 0, r.stderr
         finally:
             verb("", "--root", root, "delete", "--force", f"e-{how}")
         for a in agents:
             a.join(10)
-        execs = [a for a in answers if isinstance(a, dict) and a["pid"] != init]
+        execs = [a for a in answers + more if isinstance(a, dict) and a["pid"] != init]
         assert len(execs) == 1 and execs[0]["state"] == {"ociVersion": execs[0]["ociVersion"], "status": "running",
                                                          "pid": init}, answers
         seen[how] += (r.stdout.splitlines()[0],)
