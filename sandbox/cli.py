@@ -51,8 +51,6 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
         gofer = spawn_gofer()
     flags._ARGV[:] = argv
     args = flags.hook_args(argv) or flags.lean_args(argv) or flags.parser().parse_args(argv)
-    args.warm = warm
-    args.frontend = frontend
     from mounts.errors import SandboxError
 
     try:
@@ -90,7 +88,11 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
             return hook_server.serve(args, main)  # (its children run the served verbs with this main)
         else:
             from sandbox import hook_cmd as mod
-        return mod.main(args, gofer) if gofer is not None else mod.main(args)
+        if args.verb in ("run", "create"):  # (the served path: its front end, explicit)
+            return mod.main(args, gofer, frontend)
+        if args.verb == "exec":
+            return mod.main(args, warm, frontend)
+        return mod.main(args)
     except (SandboxError, OSError) as e:  # a SyscallError names its operation and path
         msg = f"sandbox {args.verb}: {one_line(e)}"
         log_error(args, msg)  # first: under an engine's shim stderr may be /dev/null, read-only

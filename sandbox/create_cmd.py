@@ -7,13 +7,17 @@ from __future__ import annotations
 from sandbox.fork import Gofer, spawn_gofer
 from sandbox.launch import launch, options, write_pid_file
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sandbox.create_frontend import CreateFrontend
 
-def main(args, gofer: Gofer | None = None) -> int:
+
+def main(args, gofer: Gofer | None = None, frontend: CreateFrontend | None = None) -> int:
+    """``frontend``: a server's (or planner's) child: the launcher forks (sandbox/create_frontend.py)."""
     import os
 
     from gofer.spans import Spans
 
-    frontend = getattr(args, "frontend", None)  # the warm server's: the launcher forks (sandbox/create_frontend.py)
     if frontend is not None:
         frontend.check(args)  # (a Decline: the launcher runs create in Python, nothing done)
     gofer = gofer or spawn_gofer(fresh=frontend is None)

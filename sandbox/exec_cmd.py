@@ -14,8 +14,14 @@ from mounts.errors import BundleError, SandboxError
 from mounts.spec import Process
 from sandbox.state import StateDir
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sandbox.exec_frontend import Frontend
 
-def main(args) -> int:
+
+def main(args, warm: list | None = None, frontend: Frontend | None = None) -> int:
+    """``warm``: the cgroup lock's warming thread (sandbox/fork.py); ``frontend``: a server's
+    (or planner's) child: the launcher forks (sandbox/exec_frontend.py)."""
     state = StateDir(args.root, args.container_id).load()
     if state.status not in ("running", "created"):
         raise SandboxError(f"cannot exec in container {state.id!r}: it is {state.status}")
@@ -36,15 +42,14 @@ def main(args) -> int:
         from gofer.process import connect_console
 
         console = connect_console(args.console_socket)
-    frontend = getattr(args, "frontend", None)  # the warm server's: the launcher forks (sandbox/exec_frontend.py)
     if frontend is not None:
         spawn = frontend.spawn
     else:
         from gofer.enter import spawn
-    if getattr(args, "warm", None) is not None:
+    if warm is not None:
         from sandbox.fork import stop_warming
 
-        stop_warming(args.warm)  # before the fork below
+        stop_warming(warm)  # before the fork below
     pid = spawn(state.pid, proc, console, args.preserve_fds, args.detach, spec.linux.seccomp, state.cgroup,
                 state.start_time, spec.linux.personality)
     if args.pid_file:

@@ -18,13 +18,17 @@ from mounts.proc import exit_code
 from sandbox.fork import Gofer, spawn_gofer
 from sandbox.launch import forward_signals, launch, options, write_pid_file
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sandbox.create_frontend import CreateFrontend
 
-def main(args, gofer: Gofer | None = None) -> int:
+
+def main(args, gofer: Gofer | None = None, frontend: CreateFrontend | None = None) -> int:
+    """``frontend``: a server's (or planner's) child: the launcher forks (sandbox/create_frontend.py)."""
     from gofer.hooks import run_hooks, state_json
     from gofer.spans import Spans
     from mounts.errors import SandboxError
 
-    frontend = getattr(args, "frontend", None)  # the warm server's: the launcher forks (sandbox/create_frontend.py)
     if frontend is not None:
         frontend.check(args)  # (a Decline: the launcher runs the verb in Python, nothing done)
     pid, _sock, t0, _warm = gofer = gofer or spawn_gofer(fresh=frontend is None)
