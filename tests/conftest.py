@@ -34,16 +34,24 @@ def no_server_left_at_the_nodes_socket():
         return
     import shutil
     import signal
+    import time
 
+    servers = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if os.readlink(f"/proc/{pid}/fd/1") == f"{SOCKET}.log":
                 os.kill(int(pid), signal.SIGTERM)
+                servers.append(pid)
         except OSError:
             pass
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") for pid in servers) and time.monotonic() < deadline:
+        time.sleep(0.02)  # (each removes its own socket as it goes)
     for path in (SOCKET, f"{SOCKET}.log"):
-        if os.path.lexists(path):
+        try:
             os.unlink(path)
+        except FileNotFoundError:
+            pass
     shutil.rmtree(f"{SOCKET}.bpf", ignore_errors=True)
 
 
