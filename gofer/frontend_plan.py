@@ -15,6 +15,7 @@ from mounts.spec import (
     PERSONALITY_DOMAINS,
     SCHED_FLAGS,
     SCHED_POLICIES,
+    Hook,
     Personality,
     Process,
     Seccomp,
@@ -26,22 +27,27 @@ MAX_PLAN = 200_000  # bytes: well inside a SOCK_SEQPACKET message (the socket's 
 MAX_FDS = 64  # fds a plan carries
 MAX_ITEMS = 4096  # argv and envp slots each, their NULL included (HOME counts among the env)
 MAX_GROUPS, MAX_RLIMITS, MAX_NS, MAX_CGROUPS = 256, 32, 8, 32
+MAX_HOOKS = 32  # startContainer hooks (their arguments and variables share MAX_ITEMS slots)
 
 
 def c_defines() -> str:
     """The limits above and the console's deadline as C macros (PLAN_MAX_ITEMS ...), for frontend.c."""
     return "".join(f"#define PLAN_{name} {value}\n" for name, value in (
         ("MAX_FDS", MAX_FDS), ("MAX_ITEMS", MAX_ITEMS), ("MAX_GROUPS", MAX_GROUPS), ("MAX_RLIMITS", MAX_RLIMITS),
-        ("MAX_NS", MAX_NS), ("MAX_CGROUPS", MAX_CGROUPS), ("CONSOLE_TIMEOUT_S", int(process.CONSOLE_TIMEOUT))))
+        ("MAX_NS", MAX_NS), ("MAX_CGROUPS", MAX_CGROUPS), ("MAX_HOOKS", MAX_HOOKS), ("CONSOLE_TIMEOUT_S", int(process.CONSOLE_TIMEOUT))))
 
 
-def too_big(proc: Process) -> str | None:
-    """Why the plan cannot carry ``proc`` (frontend.c's fixed tables, one message), or None."""
+def too_big(proc: Process, hooks: list[Hook] | tuple[()] = ()) -> str | None:
+    """Why the plan cannot carry ``proc`` and the startContainer ``hooks`` (frontend.c's fixed
+    tables, one message), or None."""
+    hook_items = sum(len(h.args or [h.path]) + len(h.env) for h in hooks)
     if (len(proc.args) > MAX_ITEMS - 1 or len(proc.env) + 1 > MAX_ITEMS - 1  # (+ HOME)
-            or len(proc.user.additional_gids) > MAX_GROUPS or len(proc.rlimits) > MAX_RLIMITS):
-        return "more arguments, variables, groups or rlimits than the launcher's plan holds"
-    if sum(len(a) + 8 for a in proc.args) + sum(len(e) + 8 for e in proc.env) > MAX_PLAN // 2:
-        return "a command line or environment too big for the launcher's plan"
+            or len(proc.user.additional_gids) > MAX_GROUPS or len(proc.rlimits) > MAX_RLIMITS
+            or len(hooks) > MAX_HOOKS or hook_items > MAX_ITEMS - 1):
+        return "more arguments, variables, groups, rlimits or hooks than the launcher's plan holds"
+    hook_bytes = sum(len(h.path) + 16 + sum(len(a) + 16 for a in h.args) + sum(len(e) + 16 for e in h.env) for h in hooks)
+    if sum(len(a) + 8 for a in proc.args) + sum(len(e) + 8 for e in proc.env) + hook_bytes > MAX_PLAN // 2:
+        return "a command line, environment or hooks too big for the launcher's plan"
     return None
 
 
@@ -119,6 +125,18 @@ def console_records(proc: Process) -> list[str]:
     gofer.process.open_console's steps in frontend.c."""
     size = proc.console_size or {}
     return ["console", *([f"console-size {size.get('height', 0)} {size.get('width', 0)}"] if size else [])]
+
+
+def hook_records(hooks: list[Hook], state: bytes) -> list[str]:
+    """The startContainer hooks pid 1 runs after start, before its exec (gofer.hooks.run_hooks:
+    the state on stdin, the hook's environment alone, "/" as cwd, umask 022, the timeout),
+    and that state: "hook TIMEOUT PATH" (0: none), then its argv and environment."""
+    records = [f"start-state {state.decode()}"]
+    for hook in hooks:
+        records.append(f"hook {hook.timeout or 0} {hook.path}")
+        records += [f"hook-arg {a}" for a in hook.args or [hook.path]]
+        records += [f"hook-env {k}={v}" for k, v in dict(e.partition("=")[::2] for e in hook.env).items()]
+    return records
 
 
 def command_records(proc: Process, entry: process.Entry) -> list[str]:

@@ -312,7 +312,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             spans.add("exec", time.monotonic_ns())
             protocol.send(sock, protocol.Ready(spans.items, host_pid))  # (and we exit: see hand_over)
 
-        remote_init.hand_over(chan, init, spec, bpf, fifo, console, (listener, status) if listener else None,
+        remote_init.hand_over(chan, init, spec, bpf, fifo, console, (listener, status) if listener else None, state,
                               remote_ready)
         os._exit(0)
     start_hooks = None

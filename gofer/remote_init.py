@@ -32,6 +32,7 @@ from gofer.frontend_plan import (
     command_records,
     console_records,
     encode,
+    hook_records,
     label_records,
     listener_records,
     process_records,
@@ -60,13 +61,10 @@ def unsupported_create(spec: Spec) -> str | None:
         return "no pid namespace of the container's own"
     if namespaces.get("mount"):
         return "a mount namespace named by path"
-    hooks = spec.hooks.ours() if spec.hooks is not None else None
-    if hooks is not None and hooks.start_container:  # (pid 1 would run them, after start)
-        return "startContainer hooks"
     pids = spec.linux.resources.pids if spec.linux.resources is not None else None
     if pids is not None and 0 < pids.limit < SERVED_PROCESSES:
         return f"a pids limit under {SERVED_PROCESSES}"
-    return too_big(proc)
+    return too_big(proc, spec.hooks.ours().start_container if spec.hooks is not None else ())
 
 
 def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, socket.socket, int]:
@@ -164,8 +162,10 @@ def shed_privileges(keep: set[int]) -> None:
 
 
 def hand_over(chan: socket.socket, init: int, spec: Spec, bpf: bytes | None, fifo: int,
-              console: socket.socket | None, listener: tuple[socket.socket, dict] | None, ready) -> None:
-    """Send pid 1 its process (looked up inside the root: cwd, HOME), wait until it is the
+              console: socket.socket | None, listener: tuple[socket.socket, dict] | None, state: bytes,
+              ready) -> None:
+    """Send pid 1 its process (looked up inside the root: cwd, HOME) and the startContainer
+    hooks it runs after start with ``state`` on their stdin, wait until it is the
     container's user, let it go on to wait for start, then ``ready()`` (Ready, after which
     we exit: the supervisor records the container only once we are gone and reaped, so that
     no process exec'd into it finds us, in its pid namespace, to ptrace). Its error, if
@@ -197,10 +197,13 @@ def hand_over(chan: socket.socket, init: int, spec: Spec, bpf: bytes | None, fif
             fds.append(os.dup(console.fileno()))
             console.close()
             records += console_records(proc)
+        hooks = spec.hooks.ours().start_container if spec.hooks is not None else []
+        if hooks:
+            records += hook_records(hooks, state)
         records += command_records(proc, entry)
         data = encode(records, fds)
         if data is None:
-            raise SandboxError("process: its arguments and environment are too big for the launcher's plan")
+            raise SandboxError("process: its arguments, environment or hooks cannot be the launcher's plan (a NUL?)")
         socket.send_fds(chan, [data], fds)
     finally:
         for fd in fds[1:]:

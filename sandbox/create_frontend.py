@@ -8,11 +8,12 @@ foreground, the launcher reaps the container and reports its end (``wait``), and
 removes it as Python's run does.
 
 The prestart and createRuntime hooks run here while the builder waits, as in Python; the
-createContainer hooks run from the builder, in the container's namespaces before pivot_root.
+createContainer hooks run from the builder, in the container's namespaces before pivot_root;
+the startContainer hooks are part of pid 1's plan (it runs them after start, before its exec).
 What the launcher's init cannot do is declined before anything happens, and the launcher
 runs create in Python as before: a user namespace, a pid or mount namespace that
-is not the container's own, startContainer hooks (pid 1 would run them), and a process too
-big for the plan's tables (gofer/frontend_plan.py)."""
+is not the container's own, and a process or hooks too big for the plan's tables
+(gofer/frontend_plan.py)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -94,6 +96,11 @@ struct plan {
     unsigned long persona_value;
     char *argv[MAX_ITEMS], *envp[MAX_ITEMS];
     int argc, envc;
+    /* a created init's startContainer hooks: each one's argv, then its environment, in items */
+    struct { const char *path; int timeout, arg0, nargs, nenv; } hooks[PLAN_MAX_HOOKS];
+    int nhooks, nhook_items;
+    char *hook_items[MAX_ITEMS];
+    const char *start_state; /* what they read on stdin */
 };
 
 static int report_fd = -1;
@@ -291,6 +298,21 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
         } else if (!strncmp(item, "personality ", 12)) {
             if (sscanf(v, "%lu", &pl->persona_value) != 1) return -1;
             pl->persona = 1;
+        } else if (!strncmp(item, "start-state ", 12)) {
+            pl->start_state = v;
+        } else if (!strncmp(item, "hook ", 5)) { /* "hook TIMEOUT PATH", its args and env follow */
+            int timeout, off = 0;
+            if (pl->nhooks == PLAN_MAX_HOOKS || sscanf(v, "%d %n", &timeout, &off) != 1 || off == 0 || timeout < 0
+                || v[off] != '/')
+                return -1;
+            pl->hooks[pl->nhooks].path = v + off, pl->hooks[pl->nhooks].timeout = timeout;
+            pl->hooks[pl->nhooks++].arg0 = pl->nhook_items;
+        } else if (!strncmp(item, "hook-arg ", 9) || !strncmp(item, "hook-env ", 9)) {
+            int env = item[5] == 'e';
+            if (!pl->nhooks || pl->nhook_items == MAX_ITEMS - 1 || (!env && pl->hooks[pl->nhooks - 1].nenv)) return -1;
+            pl->hook_items[pl->nhook_items++] = (char *)v;
+            if (env) pl->hooks[pl->nhooks - 1].nenv++;
+            else pl->hooks[pl->nhooks - 1].nargs++;
         } else if (!strncmp(item, "arg ", 4)) {
             if (pl->argc == MAX_ITEMS - 1) return -1;
             pl->argv[pl->argc++] = (char *)v;
@@ -302,6 +324,9 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
         }
     }
 #undef TAKE_FD
+    for (int i = 0; i < pl->nhooks; i++)
+        if (pl->hooks[i].nargs == 0) return -1;
+    if (pl->nhooks && pl->start_state == NULL) return -1;
     return p == end && (pl->argc > 0 || pl->clone) && fdi == nfds ? 0 : -1; /* (every record NUL-ended) */
 }
 
@@ -457,6 +482,84 @@ static void apply_labels(struct plan *pl) {
     pl->proc = -1;
 }
 
+/* The text of memfd ``fd``'s last line (at most the last 1 KiB), stripped, into out. */
+static void last_line(int fd, char *out, size_t cap) {
+    char buf[1025];
+    off_t size = lseek(fd, 0, SEEK_END);
+    off_t from = size > 1024 ? size - 1024 : 0;
+    ssize_t r = size > 0 ? pread(fd, buf, (size_t)(size - from), from) : 0;
+    size_t n = r > 0 ? (size_t)r : 0;
+    while (n && strchr(" \t\r\n\v\f", buf[n - 1])) n--;
+    buf[n] = '\0';
+    char *line = buf;
+    for (char *q = buf; *q; q++)
+        if (*q == '\n' || *q == '\r') line = q + 1;
+    while (*line == ' ' || *line == '\t') line++;
+    snprintf(out, cap, "%s", line);
+}
+
+/* hooks.startContainer[i], as gofer.hooks.run_hooks runs a hook: the state on stdin, its
+ * output kept for the error's last line, the hook's environment alone, cwd "/", umask 022,
+ * no fd of ours; killed past its timeout. A failure ends pid 1 with the hook's line. */
+static void run_hook(struct plan *pl, int i) {
+    const char *path = pl->hooks[i].path;
+    int in = memfd_create("hook-state", MFD_CLOEXEC), out = memfd_create("hook-stdout", MFD_CLOEXEC);
+    int err = memfd_create("hook-stderr", MFD_CLOEXEC), status[2];
+    size_t len = strlen(pl->start_state);
+    if (in < 0 || out < 0 || err < 0 || write(in, pl->start_state, len) != (ssize_t)len || lseek(in, 0, SEEK_SET) < 0
+        || pipe2(status, O_CLOEXEC) < 0)
+        fail(1, "hooks.startContainer[%d] %s: %s", i, path, strerror(errno));
+    char **argv = calloc((size_t)pl->hooks[i].nargs + 1, sizeof *argv);
+    char **envp = calloc((size_t)pl->hooks[i].nenv + 1, sizeof *envp);
+    if (argv == NULL || envp == NULL) fail(1, "hooks.startContainer[%d] %s: out of memory", i, path);
+    memcpy(argv, pl->hook_items + pl->hooks[i].arg0, (size_t)pl->hooks[i].nargs * sizeof *argv);
+    memcpy(envp, pl->hook_items + pl->hooks[i].arg0 + pl->hooks[i].nargs, (size_t)pl->hooks[i].nenv * sizeof *envp);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(status[0]);
+        umask(022);
+        int s = fcntl(status[1], F_DUPFD_CLOEXEC, 3);
+        if (s >= 0 && dup2(in, 0) == 0 && dup2(out, 1) == 1 && dup2(err, 2) == 2 && chdir("/") == 0
+            && (s == 3 || syscall(SYS_close_range, 3, s - 1, 0) == 0) && syscall(SYS_close_range, s + 1, ~0U, 0) == 0)
+            execve(path, argv, envp);
+        int e = errno;
+        if (write(s, &e, sizeof e) < 0) {}
+        _exit(127);
+    }
+    int e = errno;
+    close(status[1]);
+    close(in);
+    if (pid < 0) fail(1, "hooks.startContainer[%d] %s: fork: %s", i, path, strerror(e));
+    ssize_t got;
+    do got = read(status[0], &e, sizeof e); while (got < 0 && errno == EINTR);
+    close(status[0]);
+    int st = 0, pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (got != sizeof e && pl->hooks[i].timeout && pidfd >= 0) {
+        struct pollfd p = {.fd = pidfd, .events = POLLIN};
+        long ms = (long)pl->hooks[i].timeout * 1000;
+        int r;
+        do r = poll(&p, 1, ms > INT32_MAX ? -1 : (int)ms); while (r < 0 && errno == EINTR);
+        if (r == 0) {
+            kill(pid, SIGKILL);
+            while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+            fail(1, "hooks.startContainer[%d] %s: timed out after %ds", i, path, pl->hooks[i].timeout);
+        }
+    }
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    if (pidfd >= 0) close(pidfd);
+    if (got == sizeof e) fail(1, "hooks.startContainer[%d] %s: %s", i, path, strerror(e));
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+        char line[1025];
+        last_line(lseek(err, 0, SEEK_END) > 0 ? err : out, line, sizeof line);
+        fail(1, "hooks.startContainer[%d] %s: exit status %d%s%s", i, path, WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st),
+             line[0] ? ": " : "", line);
+    }
+    close(out);
+    close(err);
+    free(argv);
+    free(envp);
+}
+
 /* G: the process, set up as gofer/process.py's tail, become and exec_process do. */
 static void process(struct plan *pl) {
     if (pl->console >= 0) open_console(pl);
@@ -504,6 +607,8 @@ static void process(struct plan *pl) {
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     if (pl->bpf && !pl->early_seccomp) load_seccomp(pl); /* last: it filters the container, not us */
+    for (int i = 0; i < pl->nhooks; i++) /* a created init's, after start: under its filter, as under runc */
+        run_hook(pl, i);
     exec_process(pl);
 }
 

@@ -702,18 +702,59 @@ def test_a_failed_create_is_pythons_and_leaves_nothing(server, make_bundle, tmp_
 
 
 def test_create_the_launcher_cannot_serve_runs_in_python(server, make_bundle, tmp_path):
-    """startContainer hooks, too many variables (or a user namespace): declined before anything is done, and create runs in Python as before."""
+    """Too many variables for the plan (or a user namespace): declined before anything is done, and create runs in Python as before."""
     path, log, _ = server
     root = tmp_path / "state"
-    hooks = {"startContainer": [{"path": "/bin/true"}]}
     many = [f"V{i}=x" for i in range(5000)]
-    for name, bundle in (("hooks", make_bundle(["sh", "-c", "echo ran"], hooks=hooks)),
-                         ("env", make_bundle(["sh", "-c", "echo ran"], many))):
-        warm = _created(path, root, bundle, name, tmp_path)
-        assert warm[:3] == (0, "", "ran\n"), (name, warm)
+    warm = _created(path, root, make_bundle(["sh", "-c", "echo ran"], many), "env", tmp_path)
+    assert warm[:3] == (0, "", "ran\n"), warm
     text = log.read_text()
-    assert "declined: create: startContainer hooks" in text
-    assert "declined: create: more arguments, variables, groups or rlimits than the launcher's plan holds" in text
+    assert "declined: create: more arguments, variables, groups, rlimits or hooks than the launcher's plan holds" in text
+    assert not os.listdir(root)
+
+
+def test_start_container_hooks_served_as_in_python(server, make_bundle, tmp_path):
+    """pid 1 runs the startContainer hooks after start, before its exec, as Python's init does:
+    the state on stdin, the hook's own environment, cwd "/", umask 022, inside the container;
+    a hook that fails, times out or cannot be run ends the container with its line on the
+    container's stderr, and the command never runs."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    out = tmp_path / "hooks"
+    out.mkdir()
+    probe = "cat > /out/$0.state; (umask; pwd; env | sort; ls /proc/self/fd) > /out/$0.seen"
+    cases = {
+        "ok": [{"path": "/bin/sh", "args": ["sh", "-c", probe, "A"], "env": ["X=1", "Y=2", "X=3"]},
+               {"path": "/bin/sh", "args": ["sh", "-c", probe, "B"]}],
+        "fails": [{"path": "/bin/sh", "args": ["sh", "-c", "echo one; echo why it failed >&2; exit 3"]}],
+        "quiet": [{"path": "/bin/sh", "args": ["sh", "-c", "echo only stdout; kill -9 $$"]}],
+        "slow": [{"path": "/bin/sleep", "args": ["sleep", "30"], "timeout": 1}],
+        "missing": [{"path": "/no/such/hook"}],
+    }
+    results = {}
+    for name, hooks in cases.items():
+        bundle = make_bundle(["sh", "-c", "echo ran"], hooks={"startContainer": hooks})
+        spec = json.loads((bundle / "config.json").read_text())
+        spec["mounts"].append({"destination": "/out", "type": "bind", "source": str(out), "options": ["rbind"]})
+        (bundle / "config.json").write_text(json.dumps(spec))
+        for cid, server_path in ((f"{name}-py", ""), (f"{name}-warm", path)):
+            got = _created(server_path, root, bundle, cid, tmp_path)
+            seen = {p.name: re.sub(r'"pid":[0-9]+', '"pid":PID', p.read_text().replace(cid, "CID")) for p in out.iterdir()}
+            for p in out.iterdir():
+                p.unlink()
+            results[cid] = (got[:3], seen)
+        assert results[f"{name}-warm"] == results[f"{name}-py"], (name, results[f"{name}-warm"], results[f"{name}-py"])
+    ok, seen = results["ok-warm"]
+    assert ok == (0, "", "ran\n"), ok
+    assert seen["A.state"] == seen["B.state"] and '"id":"CID","status":"creating","pid":PID' in seen["A.state"], seen
+    assert seen["A.seen"] == "0022\n/\nPATH=/sbin:/usr/sbin:/bin:/usr/bin\nPWD=/\nSHLVL=1\nX=3\nY=2\n0\n1\n2\n3\n", seen
+    assert "X=" not in seen["B.seen"] and seen["B.seen"].endswith("\n0\n1\n2\n3\n"), seen  # (3: ls's own directory)
+    assert results["fails-warm"][0][2] == "sandbox: hooks.startContainer[0] /bin/sh: exit status 3: why it failed\n"
+    assert results["quiet-warm"][0][2] == "sandbox: hooks.startContainer[0] /bin/sh: exit status -9: only stdout\n"
+    assert results["slow-warm"][0][2] == "sandbox: hooks.startContainer[0] /bin/sleep: timed out after 1s\n"
+    assert results["missing-warm"][0][2] == ("sandbox: hooks.startContainer[0] /no/such/hook: "
+                                             "No such file or directory\n")
+    assert "declined" not in log.read_text()
     assert not os.listdir(root)
 
 

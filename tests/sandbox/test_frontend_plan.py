@@ -15,7 +15,7 @@ import pytest
 from gofer import frontend_plan as fp
 from gofer import process
 from gofer.seccomp import listener_message
-from mounts.spec import Personality, Process, Seccomp
+from mounts.spec import Hook, Personality, Process, Seccomp
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,6 +75,44 @@ def test_the_tables_hold_what_python_lets_through(parser):
                    proc(user={"additionalGids": list(range(fp.MAX_GROUPS + 1))})):
         assert fp.too_big(bigger) is not None
         assert parse(parser, records(bigger)) == (1, ["refused"])
+
+
+def hook(**fields) -> Hook:
+    return msgspec.json.decode(msgspec.json.encode(fields), type=Hook)
+
+
+def test_start_container_hooks_both_sides(parser):
+    """A created init's startContainer hooks: each one's path, timeout (0: none), argv (its
+    path where the spec gives none) and environment (the last of a name, as Python's dict),
+    and the state they read; as many as the tables hold, and no more."""
+    hooks = [hook(path="/bin/sh", args=["sh", "-c", "x y"], env=["A=1", "B=2", "A=3"], timeout=5),
+             hook(path="/usr/bin/true")]
+    p = proc()
+    code, out = parse(parser, records(p)[:-1] + fp.hook_records(hooks, b'{"id":"c 1"}') + records(p)[-1:])
+    assert code == 0, out
+    assert out[-5:-2] == ['start-state {"id":"c 1"}', "hook 5 /bin/sh sh -c x y | A=3 B=2", "hook 0 /usr/bin/true /usr/bin/true"]
+    many = [hook(path="/bin/true")] * fp.MAX_HOOKS
+    assert fp.too_big(p, many) is None
+    assert parse(parser, records(p) + fp.hook_records(many, b"{}"))[0] == 0
+    assert fp.too_big(p, [*many, hook(path="/bin/true")]) is not None
+    assert parse(parser, records(p) + fp.hook_records([*many, hook(path="/bin/true")], b"{}")) == (1, ["refused"])
+    wide = [hook(path="/bin/true", args=["x"] * (fp.MAX_ITEMS - 1))]
+    assert fp.too_big(p, wide) is None and parse(parser, records(p) + fp.hook_records(wide, b"{}"))[0] == 0
+    wider = [hook(path="/bin/true", args=["x"] * fp.MAX_ITEMS)]
+    assert fp.too_big(p, wider) is not None and parse(parser, records(p) + fp.hook_records(wider, b"{}")) == (1, ["refused"])
+
+
+@pytest.mark.parametrize("hostile", [
+    ["hook-arg x", "start-state {}"],  # an argument of no hook
+    ["start-state {}", "hook 0 /bin/true", "hook-env A=1", "hook-arg x"],  # an argument after the environment
+    ["start-state {}", "hook 0 /bin/true"],  # no argv
+    ["hook 0 /bin/true", "hook-arg true"],  # no state
+    ["start-state {}", "hook 0 true", "hook-arg true"],  # a relative path
+    ["start-state {}", "hook -1 /bin/true", "hook-arg true"],
+    ["start-state {}", "hook x /bin/true", "hook-arg true"],
+])
+def test_hostile_hook_records_are_refused(parser, hostile):
+    assert parse(parser, records(proc()) + hostile) == (1, ["refused"])
 
 
 def test_scheduling_personality_seccomp_flags_and_console_both_sides(parser, tmp_path):

@@ -38,6 +38,13 @@ int main(int argc, char **argv) {
         apply_labels(&pl);
     }
     if (pl.listener >= 0) printf("listener {\"pid\":%d,%s\n", pl.listener_pid, pl.listener_rest);
+    if (pl.nhooks) printf("start-state %s\n", pl.start_state);
+    for (int i = 0; i < pl.nhooks; i++) {
+        printf("hook %d %s", pl.hooks[i].timeout, pl.hooks[i].path);
+        for (int k = 0; k < pl.hooks[i].nargs + pl.hooks[i].nenv; k++)
+            printf("%s%s", k == pl.hooks[i].nargs ? " | " : " ", pl.hook_items[pl.hooks[i].arg0 + k]);
+        printf("\n");
+    }
     for (int i = 0; i < pl.argc; i++) printf("arg %s\n", pl.argv[i]);
     for (int i = 0; i < pl.envc; i++) printf("env %s\n", pl.envp[i]);
     return 0;
