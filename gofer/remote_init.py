@@ -57,10 +57,6 @@ def unsupported_create(spec: Spec) -> str | None:
     namespaces = {ns.type: ns.path for ns in spec.linux.namespaces}
     if "user" in namespaces:
         return "a user namespace"
-    if "pid" not in namespaces or namespaces["pid"]:
-        return "no pid namespace of the container's own"
-    if namespaces.get("mount"):
-        return "a mount namespace named by path"
     pids = spec.linux.resources.pids if spec.linux.resources is not None else None
     if pids is not None and 0 < pids.limit < SERVED_PROCESSES:
         return f"a pids limit under {SERVED_PROCESSES}"

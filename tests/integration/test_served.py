@@ -672,6 +672,42 @@ def test_a_created_init_joins_namespaces_by_path(server, make_bundle, tmp_path):
     assert "declined" not in log.read_text() and sum(": create: " in line for line in served_lines(log)) == 1
 
 
+def test_a_created_init_in_a_pid_or_mount_namespace_not_its_own(server, make_bundle, tmp_path):
+    """Served as in Python: an init created into another container's pid namespace (a pod's
+    shared process namespace) or mount namespace, or into the host's pid namespace (no pid
+    namespace in the spec): the same processes seen, the same namespaces, the same root."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    _launch("", root, make_bundle(["sleep", "100"]), "pause", tmp_path)
+    try:
+        pause = json.loads(verb("", "--root", root, "state", "pause").stdout)["pid"]
+        own = [{"type": t} for t in ("ipc", "uts", "network")]
+        cases = {"pid": [{"type": "pid", "path": f"/proc/{pause}/ns/pid"}, {"type": "mount"}, *own],
+                 "mnt": [{"type": "pid"}, {"type": "mount", "path": f"/proc/{pause}/ns/mnt"}, *own],
+                 "host": [{"type": "mount"}, *own]}
+        probe = ("readlink /proc/self/ns/pid; readlink /proc/self/ns/mnt; cat /proc/1/comm; "
+                 "[ $$ = 1 ] && echo pid-1; ls / | head -3")
+        for name, namespaces in cases.items():
+            bundle = make_bundle(["sh", "-c", probe], linux={"namespaces": namespaces})
+            here = _created("", root, bundle, f"{name}-py", tmp_path)
+            warm = _created(path, root, bundle, f"{name}-warm", tmp_path)
+            if name == "mnt":  # (the bundle's paths resolve in that namespace: there, none is)
+                assert warm[0] == here[0] == 1 and warm[1].replace("-warm", "") == here[1].replace("-py", ""), (warm, here)
+                assert "rootfs" in warm[1] and "No such file or directory" in warm[1], warm
+                continue
+            assert warm[:2] == here[:2] == (0, "") and _normal(warm[2], "", "") == _normal(here[2], "", ""), \
+                (name, warm, here)
+            lines = warm[2].splitlines()
+            if name == "pid":
+                assert lines[0] == os.readlink(f"/proc/{pause}/ns/pid") and lines[2] == "sleep", lines
+            if name == "host":
+                assert lines[0] == os.readlink("/proc/self/ns/pid") and "pid-1" not in lines, lines
+    finally:
+        verb("", "--root", root, "delete", "--force", "pause")
+    assert "declined" not in log.read_text() and sum(": create: " in line for line in served_lines(log)) == 3
+    assert not [c for c in os.listdir(root)], os.listdir(root)
+
+
 def test_a_failed_create_is_pythons_and_leaves_nothing(server, make_bundle, tmp_path, driver_root):
     """A bundle error, a GPU that is not there, a cwd that is a file (found while building
     the root), a createContainer hook that fails: the same line and code as in Python, and no
