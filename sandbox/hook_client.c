@@ -1,6 +1,6 @@
 /* sandbox-hook: the client of the warm hook server (sandbox/hook_server.py) as a small C
  * program, so that a hook served warm costs no Python start (~8 ms of every GPU container's
- * start under runc or crun). scripts/setup builds it into .venv/bin/sandbox-hook and
+ * start under runc or crun). sandbox/launcher.py builds it (scripts/setup: into .venv/bin/sandbox-hook) and
  * `sandbox hook install` writes it into the hook entry:
  *
  *     sandbox-hook PYTHON -I -S -c CODE hook [--driver-root D] ... [--server SOCKET]
@@ -27,10 +27,6 @@
 
 #include "server_connect.h"
 #include "server_wire.h"
-
-#ifndef REPLY_TIMEOUT
-#define REPLY_TIMEOUT 60 /* s: server_client.REPLY_TIMEOUT (tests build it shorter) */
-#endif
 
 /* The Python hook, with the state it would have read on stdin. Never returns. */
 static void fallback(char **cmd, const char *state, size_t n) {

@@ -64,7 +64,8 @@ from __future__ import annotations
 import os
 import sys
 
-from sandbox.server_client import MAX_REQUEST, SERVED, SOCKET, unpack_cred
+from sandbox.server_client import unpack_cred
+from sandbox.wire import MAX_REQUEST, SERVED, SOCKET
 
 
 def _trusted_peer(conn) -> bool:

@@ -11,6 +11,10 @@ compiler it is a ``#!`` script, and sandbox/sealed.py seals the verbs that need 
     python -m sandbox.launcher PATH [--strip DESTDIR]
                                         writes the launcher to PATH (naming the interpreter and
                                         the import paths without DESTDIR: a staged install's)
+    python -m sandbox.launcher --hook-client PATH
+                                        writes the hook's C client (sandbox/hook_client.c)
+
+Both are built with the header sandbox/wire.py writes (the wire's numbers, the plan's tables).
 """
 
 from __future__ import annotations
@@ -43,48 +47,70 @@ def _unstaged(path: str, strip: str) -> str:
     return path[len(strip):] if strip and path.startswith(strip + "/") else path
 
 
-def c_string(text: str) -> str:
-    """``text`` as a C string literal: printable ASCII as it is, every other byte in octal."""
-    out = []
-    for b in text.encode():
-        ch = chr(b)
-        out.append(ch if 32 <= b < 127 and ch not in '"\\?' else f"\\{b:03o}")
-    return '"' + "".join(out) + '"'
-
-
 def write_launcher(path: str, strip: str = "") -> None:
+    """The launcher at ``path``: launcher.c and frontend.c built with this installation's
+    interpreter and program, or without a C compiler a ``#!`` script."""
+    from sandbox.flags import GLOBAL_VALUES
+    from sandbox.wire import c_string
+
+    if _cc() is None:
+        _install(path, (f"#!{_unstaged(sys.executable, strip)} -IS\nimport sys\n"
+                        f"sys.path[:0] = {[_unstaged(p, strip) for p in import_paths()]!r}\n{MAIN}\n").encode())
+        return
+    _build(path, ["launcher.c", "frontend.c"],
+           f"#define SANDBOX_PYTHON {c_string(_unstaged(sys.executable, strip))}\n"
+           f"#define SANDBOX_CODE {c_string(entry_code(strip))}\n"
+           f"#define SANDBOX_GLOBAL_VALUES {', '.join(map(c_string, GLOBAL_VALUES))}\n")
+
+
+def write_hook_client(path: str, defines: tuple[str, ...] = ()) -> None:
+    """The hook's C client (hook_client.c) at ``path``; ``defines``: -D's (a test's deadline)."""
+    _build(path, ["hook_client.c"], "", defines)
+
+
+def _cc() -> str | None:
     import shutil
+
+    return shutil.which("cc") or shutil.which("gcc")
+
+
+def _build(path: str, sources: list[str], config: str, defines: tuple[str, ...] = ()) -> None:
+    """``sources`` (of this directory) compiled into ``path``, with the wire's header
+    (sandbox/wire.py) and ``config`` as the SANDBOX_CONFIG they include."""
     import subprocess
     import tempfile
 
-    from sandbox.flags import GLOBAL_VALUES
-    from sandbox.server_client import SERVED
+    from sandbox.wire import c_header
 
-    cc = shutil.which("cc") or shutil.which("gcc")
-    # built in a private directory beside it (no name anyone could plant a link at), then
-    # renamed into place whole
+    cc = _cc()
+    if cc is None:
+        raise OSError(f"{path}: no C compiler (cc or gcc) to build it with")
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as d:
+        header, out = os.path.join(d, "config.h"), os.path.join(d, "program")
+        with open(header, "w") as f:
+            f.write(f"#ifndef SANDBOX_CONFIG_H\n#define SANDBOX_CONFIG_H\n{c_header()}{config}#endif\n")
+        subprocess.run([cc, "-O2", "-Wall", "-Werror", f'-DSANDBOX_CONFIG="{header}"', *(f"-D{x}" for x in defines),
+                        "-o", out, *(os.path.join(here, s) for s in sources)], check=True)
+        with open(out, "rb") as f:
+            _install(path, f.read())
+
+
+def _install(path: str, data: bytes) -> None:
+    """``data`` as the executable ``path``: written in a private directory beside it (no name
+    anyone could plant a link at), then renamed into place whole."""
+    import tempfile
+
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(path))) as d:
-        tmp = os.path.join(d, "sandbox")
-        if cc is None:
-            with open(tmp, "w") as f:
-                f.write(f"#!{_unstaged(sys.executable, strip)} -IS\nimport sys\n"
-                        f"sys.path[:0] = {[_unstaged(p, strip) for p in import_paths()]!r}\n{MAIN}\n")
-        else:
-            source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.c")
-            config = os.path.join(d, "config.h")
-            from gofer.frontend_plan import c_defines
-
-            with open(config, "w") as f:
-                f.write(c_defines())
-                f.write(f"#define SANDBOX_PYTHON {c_string(_unstaged(sys.executable, strip))}\n"
-                        f"#define SANDBOX_CODE {c_string(entry_code(strip))}\n"
-                        f"#define SANDBOX_SERVED {', '.join(map(c_string, SERVED))}\n"
-                        f"#define SANDBOX_GLOBAL_VALUES {', '.join(map(c_string, GLOBAL_VALUES))}\n")
-            subprocess.run([cc, "-O2", "-Wall", "-Werror", f'-DSANDBOX_CONFIG="{config}"', "-o", tmp, source,
-                            os.path.join(os.path.dirname(source), "frontend.c")], check=True)
+        tmp = os.path.join(d, "program")
+        with open(tmp, "wb") as f:
+            f.write(data)
         os.chmod(tmp, 0o755)
         os.replace(tmp, path)
 
 
 if __name__ == "__main__":
-    write_launcher(sys.argv[1], sys.argv[3] if sys.argv[2:3] == ["--strip"] else "")
+    if sys.argv[1:2] == ["--hook-client"]:
+        write_hook_client(sys.argv[2])
+    else:
+        write_launcher(sys.argv[1], sys.argv[3] if sys.argv[2:3] == ["--strip"] else "")

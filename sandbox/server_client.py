@@ -1,16 +1,13 @@
-"""The client's side of the warm server (sandbox/hook_server.py) in Python: the socket, the
-verbs the launcher has it serve (its C side, sandbox/launcher.c, is built with this list),
-and the hook's forwarding, which every `sandbox hook` tries first. Only what a client needs:
-no msgspec, no plan, nothing of the server's."""
+"""The client's side of the warm server (sandbox/hook_server.py) in Python: the hook's
+forwarding, which every `sandbox hook` tries first (the wire's numbers: sandbox/wire.py).
+Only what a client needs: no msgspec, no plan, nothing of the server's."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-SOCKET = "/run/gpu-sandbox/hook.sock"  # (the hook's first; the launcher's too: $SANDBOX_SERVER)
-MAX_REQUEST = 1 << 20
-SERVED = ("state", "kill", "delete", "start", "list", "ps", "features", "update")
+from sandbox.wire import MAX_REQUEST, REPLY_TIMEOUT, SOCKET
 
 
 def _server_path(argv: list[str]) -> str:
@@ -71,5 +68,3 @@ def _replay(data: bytes):
 
     return io.TextIOWrapper(io.BytesIO(data))
 
-
-REPLY_TIMEOUT = 60.0  # s a client waits for the answer, then does the work itself

@@ -7,14 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_REQUEST (1 << 20) /* server_client.MAX_REQUEST */
-#define DEFAULT_SOCKET "/run/gpu-sandbox/hook.sock"
-/* s the launcher waits for the server's first answer ({"running"}, a plan, {"fallback"}),
- * which its child sends at once (a create's once the bundle is read): past it, the verb runs
- * in the launcher's Python (a server stopped, or stalled) */
-#define TAKE_UP_S 5
-/* s exec's launcher waits for the answer to its report (the server writes the pid file) */
-#define REPORT_ANSWER_S 30
+/* MAX_REQUEST, DEFAULT_SOCKET, TAKE_UP_S, REPORT_ANSWER_S, REPLY_TIMEOUT, SANDBOX_SERVED:
+ * sandbox/wire.py's, in the header sandbox/launcher.py builds every C program with */
+#include SANDBOX_CONFIG
 
 struct buf { char *p; size_t n, cap; };
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.wire import TAKE_UP_S
 from tests.integration.helpers import alive, children
 from tests.integration.test_served import LAUNCHER, served_lines, server, stand_in
 from tests.integration.test_served import verb as verb_
@@ -303,9 +304,6 @@ def test_a_server_that_never_answers_is_not_waited_for(tmp_path):
         listener.close()
     assert (r.returncode, r.stdout.strip(), r.stderr) == (0, "[]", "")
     assert TAKE_UP_S <= took < TAKE_UP_S + 20, took
-
-
-TAKE_UP_S = 5  # sandbox/server_wire.h's
 
 
 def _connect_silently(path: str, n: int, deadline: float) -> list:

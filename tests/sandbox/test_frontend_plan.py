@@ -16,6 +16,7 @@ from gofer import frontend_plan as fp
 from gofer import process
 from gofer.seccomp import listener_message
 from mounts.spec import Hook, Personality, Process, Seccomp
+from sandbox import wire
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,7 +27,7 @@ def parser(tmp_path_factory) -> Path:
     if cc is None:
         pytest.skip("no C compiler")
     d = tmp_path_factory.mktemp("plan")
-    (d / "config.h").write_text(fp.c_defines())
+    (d / "config.h").write_text(wire.c_header())
     subprocess.run([cc, "-O0", "-w", "-I", str(REPO / "sandbox"), f'-DSANDBOX_CONFIG="{d / "config.h"}"',
                     "-o", str(d / "plan_parse"), str(REPO / "tests/sandbox/programs/plan_parse.c")], check=True)
     return d / "plan_parse"

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.launcher import write_hook_client
 from tests.sockets import full_listener
 
-SOURCE = Path(__file__).resolve().parents[2] / "sandbox/hook_client.c"
 STATE = '{"ociVersion": "1.0.2", "id": "c\\u00e9", "pid": 1, "bundle": "/b"}'
 
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     out = tmp_path_factory.mktemp("client") / "sandbox-hook"
-    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-o", str(out), str(SOURCE)], check=True)
+    write_hook_client(str(out))
     return str(out)
 
 
@@ -138,8 +138,7 @@ def test_a_server_that_never_answers_is_left_after_the_deadline(tmp_path):
     """Built with a 1 s deadline: a server that takes the request and then says nothing is
     given up on, and the Python hook does the work."""
     client = tmp_path / "sandbox-hook"
-    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-DREPLY_TIMEOUT=1", "-o", str(client), str(SOURCE)],
-                   check=True)
+    write_hook_client(str(client), ("REPLY_TIMEOUT=1",))
     path = tmp_path / "s.sock"
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.bind(str(path))

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from sandbox.launcher import c_string, write_launcher
+from sandbox.launcher import write_launcher
+from sandbox.wire import c_string
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROBE = ("import os, sys; sys.path.insert(0, {repo!r}); from sandbox import sealed; print(sealed.sealed(), "

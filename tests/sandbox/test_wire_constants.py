@@ -1,25 +1,38 @@
-"""The numbers the C clients of the warm server (sandbox/server_wire.h, sandbox/hook_client.c)
-share with its Python side (sandbox/server_client.py), written in both: read from the C
-sources and held against Python's, without root or a compiler."""
+"""The wire's numbers as C sees them: a program built as sandbox/launcher.py builds the C
+clients (the header sandbox/wire.py writes, sandbox/server_wire.h) prints what it was given,
+held against Python's, without root."""
 
 from __future__ import annotations
 
-import re
+import subprocess
 from pathlib import Path
 
-from sandbox import server_client
+import pytest
 
-SANDBOX = Path(__file__).resolve().parents[2] / "sandbox"
+from gofer import frontend_plan
+from sandbox import launcher, wire
+
+SANDBOX = Path(launcher.__file__).resolve().parent
+
+PROGRAM = r"""
+#include "server_wire.h"
+int main(void) {
+    static const char *const served[] = {SANDBOX_SERVED, NULL};
+    printf("%s %d %d %d %d %d %d %d\n", DEFAULT_SOCKET, MAX_REQUEST, REPLY_TIMEOUT, TAKE_UP_S, REPORT_ANSWER_S,
+           PLAN_MAX_ITEMS, PLAN_MAX_FDS, PLAN_MAX_HOOKS);
+    for (int i = 0; served[i]; i++) printf("%s\n", served[i]);
+    return 0;
+}
+"""
 
 
-def define(source: str, name: str) -> str:
-    found = re.search(rf"^#define {name} (.+?)(?:\s*/\*.*)?$", (SANDBOX / source).read_text(), re.M)
-    assert found, f"{source}: no #define {name}"
-    return found.group(1).strip()
-
-
-def test_the_c_clients_numbers_are_pythons():
-    one, shift = re.fullmatch(r"\((\d+) << (\d+)\)", define("server_wire.h", "MAX_REQUEST")).groups()  # type: ignore[union-attr]
-    assert int(one) << int(shift) == server_client.MAX_REQUEST
-    assert define("server_wire.h", "DEFAULT_SOCKET") == f'"{server_client.SOCKET}"'
-    assert int(define("hook_client.c", "REPLY_TIMEOUT")) == server_client.REPLY_TIMEOUT
+def test_the_c_clients_numbers_are_pythons(tmp_path):
+    if launcher._cc() is None:
+        pytest.skip("no C compiler")
+    (tmp_path / "print.c").write_text(PROGRAM.replace('"server_wire.h"', f'"{SANDBOX / "server_wire.h"}"'))
+    launcher._build(str(tmp_path / "print"), [str(tmp_path / "print.c")], "")  # (an absolute source: that one)
+    out = subprocess.run([str(tmp_path / "print")], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0].split() == [wire.SOCKET, *map(str, (wire.MAX_REQUEST, wire.REPLY_TIMEOUT, wire.TAKE_UP_S,
+                              wire.REPORT_ANSWER_S, frontend_plan.MAX_ITEMS, frontend_plan.MAX_FDS,
+                              frontend_plan.MAX_HOOKS))]
+    assert tuple(out[1:]) == wire.SERVED
