@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import resource
 
+import msgspec
+
 from gofer import process
 from mounts.errors import BundleError, ExecError, ProcessError
 from mounts.spec import (
@@ -51,8 +53,9 @@ def too_big(proc: Process, hooks: list[Hook] | tuple[()] = ()) -> str | None:
     return None
 
 
-def process_records(proc: Process, personality: Personality | None = None) -> list[str]:
-    """The process's credentials, capabilities as masks, umask, rlimits and scheduling."""
+def process_records(proc: Process, personality: Personality | None = None, in_userns: bool = False) -> list[str]:
+    """The process's credentials, capabilities as masks, umask, rlimits and scheduling (in a
+    user namespace: no rlimits, and only the scheduling left for last; early_records)."""
     caps = proc.capabilities or process.NO_CAPABILITIES
     masks = [sum(1 << c for c in process._cap_numbers(getattr(caps, f), f))
              for f in ("bounding", "permitted", "inheritable", "effective", "ambient")]
@@ -61,15 +64,35 @@ def process_records(proc: Process, personality: Personality | None = None) -> li
                f"umask {user.umask if user.umask is not None else process.DEFAULT_UMASK}",
                f"codes {ProcessError.exit_code} {ExecError.exit_code} {BundleError.exit_code}", "caps " + " ".join(f"{m:x}" for m in masks),
                f"user {user.uid} {user.gid}", *(f"group {g}" for g in user.additional_gids)]
+    if in_userns:
+        return records + scheduling_records(proc, None, "late")
+    return records + rlimit_records(proc) + scheduling_records(proc, personality)
+
+
+def early_records(proc: Process, personality: Personality | None) -> list[str]:
+    """With a user namespace, what takes the host's privileges (raising a hard limit, a
+    real-time policy): set by the launcher's child before it enters the namespace, as
+    gofer/main.py sets them before its keeper forks."""
+    return rlimit_records(proc) + scheduling_records(proc, personality, "early")
+
+
+def rlimit_records(proc: Process) -> list[str]:
     # (the text after the numbers: what an error names, as gofer.process.set_rlimits does)
-    records += [f"rlimit {getattr(resource, rl.type)} {rl.soft} {rl.hard} [{i}]: {rl.type} soft {rl.soft} "
-                f"hard {rl.hard}" for i, rl in enumerate(proc.rlimits)]
-    return records + scheduling_records(proc, personality)
+    return [f"rlimit {getattr(resource, rl.type)} {rl.soft} {rl.hard} [{i}]: {rl.type} soft {rl.soft} "
+            f"hard {rl.hard}" for i, rl in enumerate(proc.rlimits)]
 
 
-def scheduling_records(proc: Process, personality: Personality | None) -> list[str]:
+def scheduling_records(proc: Process, personality: Personality | None, part: str = "all") -> list[str]:
     """process.scheduler, process.ioPriority and linux.personality as the kernel takes them
-    (gofer.process.set_scheduling's calls; frontend.c makes them in the process that execs)."""
+    (gofer.process.set_scheduling's calls, its ``part``s; frontend.c makes them in the
+    process that execs, or the early part before a user namespace)."""
+    deadline = proc.scheduler is not None and proc.scheduler.policy == "SCHED_DEADLINE"
+    if part == "late":
+        if not deadline:
+            return []
+        return scheduling_records(msgspec.structs.replace(proc, io_priority=None), None)
+    if part == "early" and deadline:
+        proc = msgspec.structs.replace(proc, scheduler=None)
     records = []
     if (s := proc.scheduler) is not None:
         flags = sum(SCHED_FLAGS[f] for f in s.flags)

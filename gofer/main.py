@@ -202,7 +202,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
                 filt = seccomp.Filter(spec.linux.seccomp)
     in_userns, userns_path = userns.new_namespace(spec)
     sources = None
-    if in_userns:
+    if in_userns and start.launcher_fd is None:  # (served: the launcher's child enters it, frontend.c)
         # raising a hard limit or a real-time policy takes the host's privileges: now, then
         process.set_rlimits(spec.process)
         process.set_scheduling(spec.process, spec.linux.personality, "early")
@@ -222,6 +222,9 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         init, chan, unshared = remote_init.clone(socket.socket(fileno=start.launcher_fd), spec, start.preserve_fds)
         cgroups = own_cgroups(init) if any(m.type == "cgroup" for m in spec.mounts) else {}
         remote_init.join(init)  # its child from here on, in its namespaces
+        if in_userns:  # the host's uid still, in the container's user and mount namespaces: see above
+            sources = rootfs.clone_bind_sources(spec, start.bundle)
+            userns.become_root()
         if unshared & sc.CLONE_NEWNET:
             sc.loopback_up()
         host_pid = spans.pid = init
@@ -313,7 +316,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             protocol.send(sock, protocol.Ready(spans.items, host_pid))  # (and we exit: see hand_over)
 
         remote_init.hand_over(chan, init, spec, bpf, fifo, console, (listener, status) if listener else None, state,
-                              remote_ready)
+                              in_userns, remote_ready)
         os._exit(0)
     start_hooks = None
     if hooks is not None and hooks.start_container:

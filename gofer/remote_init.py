@@ -26,11 +26,12 @@ from __future__ import annotations
 import os
 import socket
 
-from gofer import enter, process, rootfs
+from gofer import enter, process, rootfs, userns
 from gofer import syscalls as sc
 from gofer.frontend_plan import (
     command_records,
     console_records,
+    early_records,
     encode,
     hook_records,
     label_records,
@@ -54,9 +55,6 @@ def unsupported_create(spec: Spec) -> str | None:
     proc = spec.process
     if proc is None:
         return None  # (an error either way: the verb says so)
-    namespaces = {ns.type: ns.path for ns in spec.linux.namespaces}
-    if "user" in namespaces:
-        return "a user namespace"
     pids = spec.linux.resources.pids if spec.linux.resources is not None else None
     if pids is not None and 0 < pids.limit < SERVED_PROCESSES:
         return f"a pids limit under {SERVED_PROCESSES}"
@@ -66,15 +64,27 @@ def unsupported_create(spec: Spec) -> str | None:
 def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, socket.socket, int]:
     """Have the launcher make the container's pid 1: its pid (as the host sees it), our
     channel to it, and the namespace flags it unshared. The namespaces named by path are
-    opened here, as the gofer would join them."""
+    opened here, as the gofer would join them. With a user namespace (joined by path, or a
+    new one with the spec's maps, which the launcher writes), the launcher's child sets what
+    takes the host's privileges first (frontend.c's userns_init; gofer/userns.py in Python)."""
     why = unsupported_create(spec)  # (declined before: the bundle read again must not differ)
     if why is not None:
         raise SandboxError(f"create: {why}: not for the launcher's init")
     flags, join = rootfs.namespace_flags(spec)
+    in_userns, userns_path = userns.new_namespace(spec)
+    if userns_path:
+        join.insert(0, ("user", userns_path))
+    elif in_userns:
+        flags |= sc.CLONE_NEWUSER
     records = ["clone 1", f"preserve {preserve_fds}", f"unshare {flags}"]
     assert spec.process is not None
     if spec.process.oom_score_adj is not None:
         records.append(f"oom {spec.process.oom_score_adj}")
+    if in_userns:
+        records += early_records(spec.process, spec.linux.personality)
+    if in_userns and not userns_path:
+        records += [f"{name} " + "".join(f"{m.container_id} {m.host_id} {m.size}\n" for m in mappings)
+                    for name, mappings in (("uid-map", spec.linux.uid_mappings), ("gid-map", spec.linux.gid_mappings))]
     fds: list[int] = []
     try:
         for nstype, path in join:
@@ -159,22 +169,23 @@ def shed_privileges(keep: set[int]) -> None:
 
 def hand_over(chan: socket.socket, init: int, spec: Spec, bpf: bytes | None, fifo: int,
               console: socket.socket | None, listener: tuple[socket.socket, dict] | None, state: bytes,
-              ready) -> None:
+              in_userns: bool, ready) -> None:
     """Send pid 1 its process (looked up inside the root: cwd, HOME) and the startContainer
     hooks it runs after start with ``state`` on their stdin, wait until it is the
     container's user, let it go on to wait for start, then ``ready()`` (Ready, after which
     we exit: the supervisor records the container only once we are gone and reaped, so that
     no process exec'd into it finds us, in its pid namespace, to ptrace). Its error, if
     any, raised as its own. ``ready`` runs without privileges (shed_privileges)."""
-    # pivot_root took pid 1's root along only if it was the namespace's root (a launcher
-    # chrooted, even into a bind of "/", would leave it the host's): ours, or nothing goes on
-    theirs, ours = os.stat(f"{init}/root", dir_fd=sc.PROC), os.stat("/")
-    if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
-        raise SandboxError("the container's init kept a root of the host's (a chrooted launcher?)")
     proc = spec.process
     assert proc is not None  # (create refuses a spec without one before this)
     entry = process.look_up(proc, enter=False)
-    records = ["plan 1", *process_records(proc, spec.linux.personality), "fifo"]
+    # pivot_root took pid 1's root along only if it was the namespace's root (a launcher
+    # chrooted, even into a bind of "/", would leave it the host's): pid 1 checks that its
+    # root is ours ("root"), or nothing goes on (we could not look: in a user namespace its
+    # /proc files are out of our reach)
+    ours = os.stat("/")
+    records = ["plan 1", f"root {ours.st_dev} {ours.st_ino}", *process_records(proc, spec.linux.personality, in_userns),
+               "fifo"]
     fds = [fifo]
     try:
         if entry.cwd is not None:

@@ -101,6 +101,9 @@ struct plan {
     int nhooks, nhook_items;
     char *hook_items[MAX_ITEMS];
     const char *start_state; /* what they read on stdin */
+    const char *uid_map, *gid_map; /* a new user namespace's, written by the launcher */
+    unsigned long long root_dev, root_ino; /* a created init's root, as the builder sees it */
+    int root_set;
 };
 
 static int report_fd = -1;
@@ -298,6 +301,13 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
         } else if (!strncmp(item, "personality ", 12)) {
             if (sscanf(v, "%lu", &pl->persona_value) != 1) return -1;
             pl->persona = 1;
+        } else if (!strncmp(item, "root ", 5)) {
+            if (sscanf(v, "%llu %llu", &pl->root_dev, &pl->root_ino) != 2) return -1;
+            pl->root_set = 1;
+        } else if (!strncmp(item, "uid-map ", 8)) {
+            pl->uid_map = v;
+        } else if (!strncmp(item, "gid-map ", 8)) {
+            pl->gid_map = v;
         } else if (!strncmp(item, "start-state ", 12)) {
             pl->start_state = v;
         } else if (!strncmp(item, "hook ", 5)) { /* "hook TIMEOUT PATH", its args and env follow */
@@ -927,10 +937,115 @@ static void init_process(int chan) {
     ssize_t r = buf != NULL ? recv_plan(chan, buf, MAX_REQUEST, fds, &nfds, 0) : -1;
     if (r <= 0) _exit(1); /* the gofer gave up before the plan (it says why) */
     struct plan pl;
-    if (parse(&pl, buf, (size_t)r, fds, nfds) < 0 || pl.fifo < 0)
+    if (parse(&pl, buf, (size_t)r, fds, nfds) < 0 || pl.fifo < 0 || !pl.root_set)
         fail(1, "the server's plan for the init is not one this launcher reads (rebuild both)");
+    struct stat root;
+    if (stat("/", &root) < 0 || root.st_dev != pl.root_dev || root.st_ino != pl.root_ino)
+        fail(1, "the container's init kept a root of the host's (a chrooted launcher?)");
     set_rlimits(&pl);
     process(&pl);
+}
+
+/* A new user namespace's map for ``pid``, written from ours (the launcher is the host's
+ * root, as Python's keeper is): 0, or -1 with the report's line in ``report``. */
+static int write_map(pid_t pid, const char *name, const char *field, const char *data, char *report, size_t n) {
+    char path[64], shown[1024];
+    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, name);
+    size_t len = strlen(data), o = 0;
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd >= 0 && write(fd, data, len) == (ssize_t)len) {
+        close(fd);
+        return 0;
+    }
+    int e = errno;
+    if (fd >= 0) close(fd);
+    for (size_t i = 0; i < len && o < sizeof shown - 3; i++) /* (Python's repr of the stripped map) */
+        if (data[i] != '\n') shown[o++] = data[i];
+        else if (i + 1 < len) shown[o++] = '\\', shown[o++] = 'n';
+    shown[o] = '\0';
+    snprintf(report, n, "err 1 %s: %s: cannot write '%s': %s\n", field, path, shown, strerror(e));
+    return -1;
+}
+
+/* create with a user namespace (runc's nsexec order; gofer/userns.py's in Python): a child Y
+ * sets the rlimits and the scheduling that take the host's privileges, joins the namespaces
+ * named by path, enters the user namespace (a new one, its maps written here; or the one
+ * named), becomes its root, unshares the rest and forks pid 1, tells us its pid and exits:
+ * pid 1 comes back to us, a subreaper. Its pid, or -1 with the report's line in report. */
+static pid_t userns_init(struct plan *pl, int *chan, char **argv, char *report, size_t n) {
+    int sync[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sync) < 0
+        || prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) {
+        snprintf(report, n, "err 1 cannot make the user namespace's first process: %s\n", strerror(errno));
+        return -1;
+    }
+    pid_t y = fork();
+    if (y == 0) {
+        close(sync[0]);
+        report_fd = sync[1], report_waits = 0;
+        set_rlimits(pl);
+        set_scheduling(pl);
+        int user = -1;
+        for (int i = 0; i < pl->nns; i++) {
+            if (pl->ns[i].flag == CLONE_NEWUSER) {
+                user = i;
+            } else {
+                if (setns(pl->ns[i].fd, pl->ns[i].flag) < 0)
+                    fail(1, "setns the container's %s namespace: %s", pl->ns[i].name, strerror(errno));
+                close(pl->ns[i].fd);
+            }
+        }
+        char c = 'u';
+        if (user >= 0 && setns(pl->ns[user].fd, CLONE_NEWUSER) < 0)
+            fail(1, "setns the container's user namespace: %s", strerror(errno));
+        if (user < 0 && unshare(CLONE_NEWUSER) < 0)
+            fail(1, "linux.namespaces: cannot create the container's user namespace: %s", strerror(errno));
+        if (user < 0 && (write(sync[1], &c, 1) != 1 || read(sync[1], &c, 1) != 1 || c != 'm'))
+            _exit(1); /* (the launcher says why) */
+        if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0 || setgroups(0, NULL) < 0)
+            fail(1, "linux.uidMappings: cannot become the container's root: %s", strerror(errno));
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* (the change of credentials made us dumpable) */
+        if (unshare(pl->unshare & ~CLONE_NEWUSER) < 0)
+            fail(1, "linux.namespaces: cannot create the container's namespaces: %s", strerror(errno));
+        if (chdir("/") < 0) fail(1, "chdir /: %s", strerror(errno));
+        pid_t init = fork();
+        if (init < 0) fail(1, "fork: %s", strerror(errno));
+        if (init == 0) {
+            close_except(3 + (unsigned)pl->preserve, &chan[1], 1);
+            hide_command_line(argv);
+            init_process(chan[1]);
+        }
+        dprintf(sync[1], "pid %d\n", (int)init);
+        _exit(0);
+    }
+    int e = errno;
+    close(sync[1]);
+    char got[2048];
+    ssize_t r = -1;
+    if (y < 0) {
+        snprintf(report, n, "err 1 fork: %s\n", strerror(e));
+    } else {
+        do r = recv(sync[0], got, sizeof got - 1, 0); while (r < 0 && errno == EINTR);
+        if (r == 1 && got[0] == 'u') {
+            if (write_map(y, "uid_map", "linux.uidMappings", pl->uid_map ? pl->uid_map : "", report, n) < 0
+                || write_map(y, "gid_map", "linux.gidMappings", pl->gid_map ? pl->gid_map : "", report, n) < 0) {
+                kill(y, SIGKILL);
+                r = 0;
+            } else if (send(sync[0], "m", 1, 0) == 1) {
+                do r = recv(sync[0], got, sizeof got - 1, 0); while (r < 0 && errno == EINTR);
+            }
+        }
+        while (waitpid(y, NULL, 0) < 0 && errno == EINTR) {}
+    }
+    close(sync[0]);
+    if (r > 4 && !strncmp(got, "pid ", 4)) return (pid_t)atoi(got + 4);
+    if (r > 0) {
+        got[r] = '\0';
+        snprintf(report, n, "%s", got); /* (Y's "err CODE MESSAGE") */
+    } else if (!report[0]) {
+        snprintf(report, n, "err 1 the user namespace's first process exited before it made the container's init\n");
+    }
+    return -1;
 }
 
 /* create, served: the server's "clone" records (the namespaces to join, by fd, and the
@@ -966,18 +1081,28 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char *
             snprintf(report, sizeof report, "err 1 process.oomScoreAdj %ld: %s\n", pl.oom, strerror(errno));
         if (fd >= 0) close(fd);
     }
-    if (!report[0] && join_namespaces(&pl, err, sizeof err) < 0)
+    int userns = pl.unshare & CLONE_NEWUSER;
+    for (int i = 0; i < pl.nns; i++)
+        userns |= pl.ns[i].flag == CLONE_NEWUSER;
+    if (userns && !report[0] && socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, chan) < 0)
+        snprintf(report, sizeof report, "err 1 socketpair: %s\n", strerror(errno));
+    if (userns && !report[0]) {
+        init = userns_init(&pl, chan, argv, report, sizeof report);
+        for (int i = 0; i < pl.nns; i++) /* (Y's to join) */
+            close(pl.ns[i].fd);
+    }
+    if (!userns && !report[0] && join_namespaces(&pl, err, sizeof err) < 0)
         snprintf(report, sizeof report, "err 1 %s\n", err);
-    if (!report[0] && unshare(pl.unshare) < 0)
+    if (!userns && !report[0] && unshare(pl.unshare) < 0)
         snprintf(report, sizeof report, "err 1 linux.namespaces: cannot create the container's namespaces: %s\n",
                  strerror(errno));
     /* "/" of the new mount namespace: pivot_root moves a cwd there into the container's root,
      * where our caller's (a host directory) would stay reachable through pid 1's cwd */
-    if (!report[0] && chdir("/") < 0)
+    if (!userns && !report[0] && chdir("/") < 0)
         snprintf(report, sizeof report, "err 1 chdir /: %s\n", strerror(errno));
-    if (!report[0] && socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, chan) < 0)
+    if (!userns && !report[0] && socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, chan) < 0)
         snprintf(report, sizeof report, "err 1 socketpair: %s\n", strerror(errno));
-    if (!report[0] && (init = fork()) < 0)
+    if (!userns && !report[0] && (init = fork()) < 0)
         snprintf(report, sizeof report, "err 1 fork: %s\n", strerror(errno));
     if (init == 0) { /* everything but the engine's --preserve-fds closed, not only flagged: it waits long */
         close_except(3 + (unsigned)pl.preserve, &chan[1], 1); /* (ours too: the host's namespaces and

@@ -672,6 +672,50 @@ def test_a_created_init_joins_namespaces_by_path(server, make_bundle, tmp_path):
     assert "declined" not in log.read_text() and sum(": create: " in line for line in served_lines(log)) == 1
 
 
+def test_a_created_init_in_a_user_namespace(server, make_bundle, tmp_path):
+    """Served as in Python (runc's order: the launcher's child sets the rlimits and the
+    real-time policy with the host's privileges, enters the namespace, the launcher writes its
+    maps, it becomes root there and unshares the rest): the same maps, ids, capabilities,
+    owners, limits and scheduling; a host directory of root's, 0700, out of reach; a mapping
+    the kernel refuses is the same one line, and nothing is left."""
+    path, log, _ = server
+    root = tmp_path / "state"
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "secret").write_text("host only\n")
+    probe = ("cat /proc/self/uid_map /proc/self/gid_map; id; stat -c '%U %G' / /dev/null; "
+             "grep -E 'CapEff|NoNewPrivs' /proc/self/status; ulimit -Hu; cut -d' ' -f19,41 /proc/self/stat; "
+             "cat /p/secret 2>&1")
+    amap = [{"containerID": 0, "hostID": 100000, "size": 65536}]
+    bundle = make_bundle(["sh", "-c", probe])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"]["namespaces"].append({"type": "user"})
+    spec["linux"].update({"uidMappings": amap, "gidMappings": amap})
+    spec["process"]["rlimits"] = [{"type": "RLIMIT_NPROC", "hard": 4096, "soft": 512}]
+    spec["process"]["scheduler"] = {"policy": "SCHED_BATCH", "nice": 5}
+    spec["mounts"].append({"destination": "/p", "type": "bind", "source": str(private), "options": ["rbind"]})
+    (bundle / "config.json").write_text(json.dumps(spec))
+    refused = make_bundle(["true"])
+    bad = json.loads((refused / "config.json").read_text())
+    bad["linux"]["namespaces"].append({"type": "user"})
+    bad["linux"].update({"uidMappings": amap, "gidMappings": [{"containerID": 0, "hostID": 4294967290, "size": 100}]})
+    (refused / "config.json").write_text(json.dumps(bad))
+    here = _created("", root, bundle, "u-py", tmp_path)
+    warm = _created(path, root, bundle, "u-warm", tmp_path)
+    assert here[0] == 0 and warm[:3] == here[:3] and _same_state(warm[3], here[3]), (warm, here)
+    lines = warm[2].splitlines()
+    assert lines[0].split() == lines[1].split() == ["0", "100000", "65536"], lines
+    assert lines[4] == "nobody nogroup" and lines[7] == "4096", lines  # (/dev/null: the host's, bound)
+    assert lines[8] == "5 3", lines  # (nice, SCHED_BATCH)
+    assert "Permission denied" in lines[9], lines
+    failed = [_created(p, root, refused, f"r-{n}", tmp_path) for p, n in (("", "py"), (path, "warm"))]
+    assert failed[0][0] == failed[1][0] == 1, failed
+    for f in failed:
+        assert len(f[1].splitlines()) == 1 and "linux.gidMappings: /proc/" in f[1] and "Invalid argument" in f[1], f
+    assert "declined" not in log.read_text() and sum(": create: " in line for line in served_lines(log)) == 2
+    assert not os.listdir(root) and not [d for d in Path("/sys/fs/cgroup").glob("**/r-*") if d.is_dir()]
+
+
 def test_a_created_init_in_a_pid_or_mount_namespace_not_its_own(server, make_bundle, tmp_path):
     """Served as in Python: an init created into another container's pid namespace (a pod's
     shared process namespace) or mount namespace, or into the host's pid namespace (no pid
