@@ -533,10 +533,6 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
             and len(fds) == 3):
         _decline(conn, "a request the launcher does not send", read=False)
         return 0
-    if verb in ("exec", "create", "run"):
-        if flags.lean_args(argv) is None:
-            _decline(conn, f"{verb}: a command line for argparse", read=False)
-            return 0
     try:
         os.chdir(cwd)
     except OSError as e:
