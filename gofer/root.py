@@ -251,7 +251,9 @@ class Root:
         """An fd for the directory ``dirfd`` in which entries can be created without
         touching the image: itself if it is on a writable fs, else its private overlay."""
         st = os.fstat(dirfd)
-        if st.st_dev in self.writable_devs:
+        # (in a user namespace an image directory under an overlay of ours reads as nobody's:
+        # root there may not add to it, so it gets an overlay of its own, on top)
+        if st.st_dev in self.writable_devs and (self.upper_owner is None or os.access(sc.fdpath(dirfd), os.W_OK)):
             return dirfd
         key = (st.st_dev, st.st_ino)
         if key in self.overlays:

@@ -52,6 +52,26 @@ def test_gpu_container_in_a_user_namespace(make_bundle, tmp_path, driver_root, r
     assert (mount_table(), tree(rootfs_debian)) == before
 
 
+def test_gpu_container_in_a_user_namespace_with_a_volume_the_image_lacks(make_bundle, tmp_path, driver_root,
+                                                                         rootfs_debian):
+    """A volume whose mount point the image lacks puts an overlay on "/"; the driver's files
+    then go into image directories under it, nobody's in there: each gets an overlay of its
+    own (root in the namespace may not add to them). They failed with EACCES."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    (volume / "data").write_text("mine\n")
+    bundle = _bundle(make_bundle, ["sh", "-c", "cat /data/data; ls /dev/nvidia0; cudacheck"],
+                     ["NVIDIA_VISIBLE_DEVICES=all"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["mounts"].append({"destination": "/data", "type": "bind", "source": str(volume), "options": ["rbind"]})
+    (bundle / "config.json").write_text(json.dumps(spec))
+    before = (mount_table(), tree(rootfs_debian))
+    r = sandbox("run", bundle, "--root", tmp_path / "s", "--driver-root", driver_root)
+    assert r.returncode == 0 and r.stdout.split()[:2] == ["mine", "/dev/nvidia0"], (r.stdout, r.stderr)
+    assert "libcuda.so.1: cuInit found" in r.stdout, r.stdout
+    assert (mount_table(), tree(rootfs_debian)) == before
+
+
 def test_container_root_is_not_the_hosts(make_bundle, tmp_path):
     """A host directory of the host's root, 0700, bound in: root in the container is host uid
     100000 and cannot open it; without the user namespace it can."""
