@@ -11,7 +11,7 @@ import resource
 import msgspec
 
 from gofer import process
-from mounts.errors import BundleError, ExecError, ProcessError
+from mounts.errors import BundleError, ExecError, ProcessError, SandboxError
 from mounts.spec import (
     IOPRIO_CLASSES,
     PERSONALITY_DOMAINS,
@@ -23,34 +23,19 @@ from mounts.spec import (
     Seccomp,
 )
 
-MAX_PLAN = 200_000  # bytes: well inside a SOCK_SEQPACKET message (the socket's send buffer)
-# frontend.c's tables, defined here alone: sandbox/launcher.py writes them into the header
-# frontend.c is built with (c_defines), so the two can never disagree
+MAX_PLAN = 200_000  # bytes in one message (well inside a SOCK_SEQPACKET's send buffer); more go in a memfd
+# frontend.c's tables of fds, namespaces and cgroups, defined here alone: sandbox/launcher.py
+# writes them into the header frontend.c is built with (c_defines), so the two can never
+# disagree (its other tables are as big as a plan asks: execve has the last word)
 MAX_FDS = 64  # fds a plan carries
-MAX_ITEMS = 4096  # argv and envp slots each, their NULL included (HOME counts among the env)
-MAX_GROUPS, MAX_RLIMITS, MAX_NS, MAX_CGROUPS = 256, 32, 8, 32
-MAX_HOOKS = 32  # startContainer hooks (their arguments and variables share MAX_ITEMS slots)
+MAX_NS, MAX_CGROUPS = 8, 32
 
 
 def c_defines() -> str:
-    """The limits above and the console's deadline as C macros (PLAN_MAX_ITEMS ...), for frontend.c."""
+    """The limits above and the console's deadline as C macros (PLAN_MAX_FDS ...), for frontend.c."""
     return "".join(f"#define PLAN_{name} {value}\n" for name, value in (
-        ("MAX_FDS", MAX_FDS), ("MAX_ITEMS", MAX_ITEMS), ("MAX_GROUPS", MAX_GROUPS), ("MAX_RLIMITS", MAX_RLIMITS),
-        ("MAX_NS", MAX_NS), ("MAX_CGROUPS", MAX_CGROUPS), ("MAX_HOOKS", MAX_HOOKS), ("CONSOLE_TIMEOUT_S", int(process.CONSOLE_TIMEOUT))))
-
-
-def too_big(proc: Process, hooks: list[Hook] | tuple[()] = ()) -> str | None:
-    """Why the plan cannot carry ``proc`` and the startContainer ``hooks`` (frontend.c's fixed
-    tables, one message), or None."""
-    hook_items = sum(len(h.args or [h.path]) + len(h.env) for h in hooks)
-    if (len(proc.args) > MAX_ITEMS - 1 or len(proc.env) + 1 > MAX_ITEMS - 1  # (+ HOME)
-            or len(proc.user.additional_gids) > MAX_GROUPS or len(proc.rlimits) > MAX_RLIMITS
-            or len(hooks) > MAX_HOOKS or hook_items > MAX_ITEMS - 1):
-        return "more arguments, variables, groups, rlimits or hooks than the launcher's plan holds"
-    hook_bytes = sum(len(h.path) + 16 + sum(len(a) + 16 for a in h.args) + sum(len(e) + 16 for e in h.env) for h in hooks)
-    if sum(len(a) + 8 for a in proc.args) + sum(len(e) + 8 for e in proc.env) + hook_bytes > MAX_PLAN // 2:
-        return "a command line, environment or hooks too big for the launcher's plan"
-    return None
+        ("MAX_FDS", MAX_FDS), ("MAX_NS", MAX_NS), ("MAX_CGROUPS", MAX_CGROUPS),
+        ("CONSOLE_TIMEOUT_S", int(process.CONSOLE_TIMEOUT))))
 
 
 def process_records(proc: Process, personality: Personality | None = None, in_userns: bool = False) -> list[str]:
@@ -167,9 +152,27 @@ def command_records(proc: Process, entry: process.Entry) -> list[str]:
     return [f"arg {a}" for a in proc.args] + [f"env {k}={v}" for k, v in process.environment(proc, entry).items()]
 
 
-def encode(records: list[str], fds: list[int]) -> bytes | None:
-    """The message, or None where it cannot be one (a NUL in a value, too big, too many fds)."""
-    data = b"".join(os.fsencode(r) + b"\0" for r in records)
-    if any("\0" in r for r in records) or len(data) > MAX_PLAN or len(fds) > MAX_FDS:
-        return None
-    return data
+def encode(records: list[str]) -> bytes:
+    """The records as one message's bytes; a NUL in a value is refused (it would end it early)."""
+    if any("\0" in r for r in records):
+        raise SandboxError("process: a NUL in an argument, a variable or a hook (the launcher's plan cannot hold it)")
+    return b"".join(os.fsencode(r) + b"\0" for r in records)
+
+
+def send(sock, records: list[str], fds: list[int]) -> None:
+    """The plan on ``sock``, its ``fds`` as SCM_RIGHTS: one message, or where it is bigger
+    than MAX_PLAN, "memfd" with a memory file of the records as its first fd."""
+    import socket
+
+    data = encode(records)
+    if len(fds) + 1 > MAX_FDS:
+        raise SandboxError(f"process: more than {MAX_FDS - 1} fds for the launcher's plan")
+    if len(data) <= MAX_PLAN:
+        socket.send_fds(sock, [data], fds)
+        return
+    memfd = os.memfd_create("plan", os.MFD_CLOEXEC)
+    try:
+        os.write(memfd, data)  # (a memory file takes it whole)
+        socket.send_fds(sock, [b"memfd\0"], [memfd, *fds])
+    finally:
+        os.close(memfd)

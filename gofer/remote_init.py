@@ -32,14 +32,13 @@ from gofer.frontend_plan import (
     command_records,
     console_records,
     early_records,
-    encode,
     hook_records,
     label_records,
     listener_records,
     process_records,
     seccomp_memfd,
     seccomp_records,
-    too_big,
+    send,
 )
 from mounts.errors import MountError, SandboxError
 from mounts.spec import Spec
@@ -58,7 +57,7 @@ def unsupported_create(spec: Spec) -> str | None:
     pids = spec.linux.resources.pids if spec.linux.resources is not None else None
     if pids is not None and 0 < pids.limit < SERVED_PROCESSES:
         return f"a pids limit under {SERVED_PROCESSES}"
-    return too_big(proc, spec.hooks.ours().start_container if spec.hooks is not None else ())
+    return None
 
 
 def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, socket.socket, int]:
@@ -93,9 +92,7 @@ def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, sock
             except OSError as e:
                 raise MountError(path, f"linux.namespaces: cannot open the {nstype} namespace: {e.strerror}") from None
             records.append(f"ns {sc.NAMESPACES[nstype]} {nstype}")
-        data = encode(records, fds)
-        assert data is not None  # (a few short records)
-        socket.send_fds(conn, [data], fds)
+        send(conn, records, fds)
     finally:
         for fd in fds:
             os.close(fd)
@@ -208,10 +205,7 @@ def hand_over(chan: socket.socket, init: int, spec: Spec, bpf: bytes | None, fif
         if hooks:
             records += hook_records(hooks, state)
         records += command_records(proc, entry)
-        data = encode(records, fds)
-        if data is None:
-            raise SandboxError("process: its arguments, environment or hooks cannot be the launcher's plan (a NUL?)")
-        socket.send_fds(chan, [data], fds)
+        send(chan, records, fds)
     finally:
         for fd in fds[1:]:
             os.close(fd)

@@ -11,8 +11,8 @@ The prestart and createRuntime hooks run here while the builder waits, as in Pyt
 createContainer hooks run from the builder, in the container's namespaces before pivot_root;
 the startContainer hooks are part of pid 1's plan (it runs them after start, before its exec).
 What the launcher's init cannot do is declined before anything happens, and the launcher
-runs create in Python as before: a process or hooks too big for the plan's tables
-(gofer/frontend_plan.py). An init created into a pid namespace not its own (a pod's shared
+runs create in Python as before: a pids limit under SERVED_PROCESSES (gofer/remote_init.py).
+An init created into a pid namespace not its own (a pod's shared
 one, the host's) is the launcher's child there, as Python's is the gofer's; with a user
 namespace, its grandchild (frontend.c's userns_init)."""
 

@@ -11,11 +11,9 @@ namespace entered and left again here); the seccomp filter, compiled by libsecco
 exported as BPF, its flags and its agent's connection; the --console-socket's connection;
 the LSM labels with our procfs; rlimits, scheduling and the personality, capabilities as
 masks, the user, umask, argv and the environment with HOME. The front end answers with
-gofer/enter.py's report ("pid N", "err CODE MESSAGE"), read here with the same code, so the errors are the same lines.
-
-What the plan cannot hold (more arguments or variables than frontend.c's tables) is
-declined before anything happens, and the launcher runs exec in Python as before.
-"""
+gofer/enter.py's report ("pid N", "err CODE MESSAGE"), read here with the same code, so the
+errors are the same lines. A process of any size is planned (gofer/frontend_plan.send: in a
+memfd where one message cannot hold it)."""
 
 from __future__ import annotations
 
@@ -45,9 +43,6 @@ class Frontend:
     def spawn(self, init: int, proc: Process, console=None, preserve_fds: int = 0, detach: bool = False,
               seccomp: Seccomp | None = None, cgroups=(), start_time: int | None = None,
               personality: Personality | None = None) -> int:
-        why = fp.too_big(proc)
-        if why is not None:
-            raise Decline(why)
         process.check_labels(proc)  # (as Python's exec: one that would not apply is refused)
         records = ["plan 1", f"detach {int(detach)}", f"preserve {preserve_fds}", *fp.process_records(proc, personality)]
         fds = enter.open_namespaces(init, start_time)
@@ -79,11 +74,8 @@ class Frontend:
                 console.close()
                 records += fp.console_records(proc)
             records += fp.command_records(proc, entry)
-            data = fp.encode(records, sent)
-            if data is None:
-                raise Decline("a plan too big for one message")
             self.conn.settimeout(None)  # (the request's deadline is over; the report comes at exec)
-            socket.send_fds(self.conn, [data], sent)
+            fp.send(self.conn, records, sent)
             self.planned = True
         finally:  # (the launcher has its own copies of what was sent)
             for fd in {*sent, *(fd for fd, _, _ in fds)}:

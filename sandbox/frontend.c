@@ -19,9 +19,8 @@
  *     its {"code"}: the pid file written, or the error printed     seccomp (its agent), exec
  *     detach: exit; else wait for G, pass SIGINT/TERM/HUP on, exit with its status
  *
- * The report is gofer/enter.py's, and the server reads it with the same code. What the plan
- * cannot hold (more than its tables) the server declines, and the launcher runs exec in
- * Python as before. This process runs from a read-only view of the launcher (launcher.c seals it first) and is not dumpable: the
+ * The report is gofer/enter.py's, and the server reads it with the same code. A plan of any
+ * size is carried out (one bigger than a message comes in a memfd). This process runs from a read-only view of the launcher (launcher.c seals it first) and is not dumpable: the
  * container never sees a host file it could write.
  *
  * `sandbox create` goes the same way (frontend_create; gofer/remote_init.py has the other
@@ -63,7 +62,8 @@
 
 extern char **environ;
 
-#define MAX_ITEMS PLAN_MAX_ITEMS /* (gofer/frontend_plan.py: the header sandbox/launcher.py writes) */
+/* a plan sent in a memfd ("memfd", its fd first): at most this many bytes */
+#define MAX_PLAN_FILE (64 << 20)
 
 struct plan {
     int detach, preserve, nnp, early_seccomp, last_cap, umask;
@@ -72,9 +72,9 @@ struct plan {
     int code_process, code_exec, code_bundle;
     unsigned long long bounding, permitted, inheritable, effective, ambient;
     unsigned uid, gid;
-    gid_t groups[PLAN_MAX_GROUPS];
+    gid_t *groups;
     int ngroups;
-    struct { int resource; rlim_t soft, hard; const char *text; } rlimits[PLAN_MAX_RLIMITS];
+    struct rlimit_item { int resource; rlim_t soft, hard; const char *text; } *rlimits;
     int nrlimits;
     struct { int fd, flag; const char *name; } ns[PLAN_MAX_NS];
     int nns;
@@ -94,12 +94,12 @@ struct plan {
     struct { unsigned policy, priority; unsigned long long flags, runtime, deadline, period; int nice; } sc;
     int ioprio_class, ioprio_level;
     unsigned long persona_value;
-    char *argv[MAX_ITEMS], *envp[MAX_ITEMS];
+    char **argv, **envp; /* NULL-terminated */
     int argc, envc;
     /* a created init's startContainer hooks: each one's argv, then its environment, in items */
-    struct { const char *path; int timeout, arg0, nargs, nenv; } hooks[PLAN_MAX_HOOKS];
+    struct hook { const char *path; int timeout, arg0, nargs, nenv; } *hooks;
     int nhooks, nhook_items;
-    char *hook_items[MAX_ITEMS];
+    char **hook_items;
     const char *start_state; /* what they read on stdin */
     const char *uid_map, *gid_map; /* a new user namespace's, written by the launcher */
     unsigned long long root_dev, root_ino; /* a created init's root, as the builder sees it */
@@ -204,9 +204,31 @@ static const char *next_item(const char **p, const char *end) {
     return item;
 }
 
-/* The plan's records; -1 on anything malformed (the launcher then says so: never a guess). */
+/* The plan's records; -1 on anything malformed (the launcher then says so: never a guess).
+ * A plan too big for one message comes in a memfd: the record "memfd" alone, its fd first.
+ * The tables are as big as the plan's records ask (execve has the last word on the size). */
 static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds) {
+    if (n == 6 && !memcmp(buf, "memfd", 6) && nfds > 0) {
+        struct stat st;
+        char *file = NULL;
+        int ok = fstat(fds[0], &st) == 0 && st.st_size > 0 && st.st_size <= MAX_PLAN_FILE
+                 && (file = malloc((size_t)st.st_size)) != NULL && pread(fds[0], file, (size_t)st.st_size, 0) == st.st_size;
+        close(fds[0]);
+        return ok && !(st.st_size == 6 && !memcmp(file, "memfd", 6)) ? parse(pl, file, (size_t)st.st_size, fds + 1, nfds - 1)
+                                                                      : -1; /* (file: the plan's strings, kept) */
+    }
+    size_t count[5] = {0}; /* arg, env, group, rlimit, hook items; hooks */
+    size_t hooks = 0;
+    for (const char *p = buf, *end = buf + n, *item; p < end && (item = next_item(&p, end)) != NULL;) {
+        count[0] += !strncmp(item, "arg ", 4), count[1] += !strncmp(item, "env ", 4);
+        count[2] += !strncmp(item, "group ", 6), count[3] += !strncmp(item, "rlimit ", 7);
+        count[4] += !strncmp(item, "hook-arg ", 9) || !strncmp(item, "hook-env ", 9), hooks += !strncmp(item, "hook ", 5);
+    }
     memset(pl, 0, sizeof *pl);
+    pl->argv = calloc(count[0] + 1, sizeof *pl->argv), pl->envp = calloc(count[1] + 1, sizeof *pl->envp);
+    pl->groups = calloc(count[2] + 1, sizeof *pl->groups), pl->rlimits = calloc(count[3] + 1, sizeof *pl->rlimits);
+    pl->hook_items = calloc(count[4] + 1, sizeof *pl->hook_items), pl->hooks = calloc(hooks + 1, sizeof *pl->hooks);
+    if (!pl->argv || !pl->envp || !pl->groups || !pl->rlimits || !pl->hook_items || !pl->hooks) return -1;
     pl->cwd = -1, pl->fifo = -1, pl->console = -1, pl->listener = -1, pl->proc = -1, pl->code_process = 1, pl->code_exec = 127, pl->code_bundle = 2;
     const char *p = buf, *end = buf + n, *item;
     int fdi = 0;
@@ -237,10 +259,8 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
         } else if (!strncmp(item, "user ", 5)) {
             if (sscanf(v, "%u %u", &pl->uid, &pl->gid) != 2) return -1;
         } else if (!strncmp(item, "group ", 6)) {
-            if (pl->ngroups == PLAN_MAX_GROUPS) return -1;
             pl->groups[pl->ngroups++] = (gid_t)strtoul(v, NULL, 10);
         } else if (!strncmp(item, "rlimit ", 7)) {
-            if (pl->nrlimits == PLAN_MAX_RLIMITS) return -1;
             unsigned long long soft, hard;
             int res, off = 0;
             if (sscanf(v, "%d %llu %llu %n", &res, &soft, &hard, &off) != 3) return -1;
@@ -312,22 +332,20 @@ static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds)
             pl->start_state = v;
         } else if (!strncmp(item, "hook ", 5)) { /* "hook TIMEOUT PATH", its args and env follow */
             int timeout, off = 0;
-            if (pl->nhooks == PLAN_MAX_HOOKS || sscanf(v, "%d %n", &timeout, &off) != 1 || off == 0 || timeout < 0
+            if (sscanf(v, "%d %n", &timeout, &off) != 1 || off == 0 || timeout < 0
                 || v[off] != '/')
                 return -1;
             pl->hooks[pl->nhooks].path = v + off, pl->hooks[pl->nhooks].timeout = timeout;
             pl->hooks[pl->nhooks++].arg0 = pl->nhook_items;
         } else if (!strncmp(item, "hook-arg ", 9) || !strncmp(item, "hook-env ", 9)) {
             int env = item[5] == 'e';
-            if (!pl->nhooks || pl->nhook_items == MAX_ITEMS - 1 || (!env && pl->hooks[pl->nhooks - 1].nenv)) return -1;
+            if (!pl->nhooks || (!env && pl->hooks[pl->nhooks - 1].nenv)) return -1;
             pl->hook_items[pl->nhook_items++] = (char *)v;
             if (env) pl->hooks[pl->nhooks - 1].nenv++;
             else pl->hooks[pl->nhooks - 1].nargs++;
         } else if (!strncmp(item, "arg ", 4)) {
-            if (pl->argc == MAX_ITEMS - 1) return -1;
             pl->argv[pl->argc++] = (char *)v;
         } else if (!strncmp(item, "env ", 4)) {
-            if (pl->envc == MAX_ITEMS - 1) return -1;
             pl->envp[pl->envc++] = (char *)v;
         } else {
             return -1; /* a record this launcher does not know: an older build than the server */

@@ -781,15 +781,25 @@ def test_a_failed_create_is_pythons_and_leaves_nothing(server, make_bundle, tmp_
     assert sum(": create: " in line for line in served_lines(log)) == len(cases), log.read_text()
 
 
-def test_create_the_launcher_cannot_serve_runs_in_python(server, make_bundle, tmp_path):
-    """Too many variables for the plan (or a user namespace): declined before anything is done, and create runs in Python as before."""
+def test_a_process_of_any_size_is_served(server, make_bundle, tmp_path):
+    """5,000 variables and 3,000 arguments (a plan bigger than one message: it goes in a
+    memory file): created and exec'd through the launcher as in Python, nothing declined."""
     path, log, _ = server
     root = tmp_path / "state"
     many = [f"V{i}=x" for i in range(5000)]
-    warm = _created(path, root, make_bundle(["sh", "-c", "echo ran"], many), "env", tmp_path)
-    assert warm[:3] == (0, "", "ran\n"), warm
-    text = log.read_text()
-    assert "declined: create: more arguments, variables, groups, rlimits or hooks than the launcher's plan holds" in text
+    args = ["sh", "-c", 'echo "$# $V4999"', "sh", *[f"a{i}" for i in range(3000)]]
+    bundle = make_bundle(args, many)
+    here = _created("", root, bundle, "big-py", tmp_path)
+    warm = _created(path, root, bundle, "big-warm", tmp_path)
+    assert warm[:3] == here[:3] == (0, "", "3000 x\n"), (warm, here)
+    _launch("", root, make_bundle(["sleep", "60"]), "big-exec", tmp_path)
+    try:
+        r = verb(path, "--root", root, "exec", *[f"--env=E{i}=y" for i in range(4000)], "big-exec", "sh", "-c",
+                 'echo "$E3999"; env | grep -c ^E')
+        assert (r.returncode, r.stdout) == (0, "y\n4000\n"), r.stderr
+    finally:
+        verb("", "--root", root, "delete", "--force", "big-exec")
+    assert "declined" not in log.read_text(), log.read_text()
     assert not os.listdir(root)
 
 
