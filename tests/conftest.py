@@ -16,8 +16,11 @@ sys.path.insert(0, str(REPO / "scripts"))
 import fixtures  # noqa: E402
 
 # No test is served by a warm server it did not start (one at the default socket would run
-# verbs with the code it started with): tests/integration/test_served.py starts its own.
-os.environ["SANDBOX_SERVER"] = ""
+# verbs with the code it started with): tests/integration/test_served.py starts its own. The
+# launcher (tests/integration/helpers.py's CLI) finds none at this socket and plans exec,
+# create and run with a planner of its own and its C executor, the path of a node without a
+# server; SANDBOX_SERVER="" in a test is the launcher's own Python (test_served.py's baseline).
+os.environ["SANDBOX_SERVER"] = os.path.join(__import__("tempfile").mkdtemp(prefix="no-server-"), "none.sock")
 os.environ["SANDBOX_SERVER_IDLE"] = "0"  # nor does a client of a test start one (sandbox/server_connect.h)
 
 

@@ -6,17 +6,19 @@ import hashlib
 import os
 import stat
 import subprocess
-import sys
+from pathlib import Path
+
+# the launcher engines run (scripts/setup builds it): its own planner and C executor for exec,
+# create and run (tests/conftest.py), the verbs that start no process in its Python
+CLI = [str(Path(__file__).resolve().parents[2] / ".venv/bin/sandbox")]
 
 
 def sandbox(*args, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sandbox.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, **kw)
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
 
 
 def sandbox_popen(*args, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "sandbox.cli", *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen([*CLI, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
 def mount_table() -> list[tuple[str, str, str]]:
@@ -66,9 +68,6 @@ def alive(pid: int) -> bool:
             return f.read().split(") ")[1][0] != "Z"
     except OSError:
         return False
-
-
-CLI = [sys.executable, "-m", "sandbox.cli"]
 
 
 def create(root, bundle, cid: str, *global_args, log=None) -> subprocess.CompletedProcess:

@@ -76,7 +76,7 @@ def test_podman_consumes_our_spec(driver_root, tmp_path, served):
               "--cgroup-manager cgroupfs --events-backend file --runtime runc")
     run = f"{podman} run --rm --network none --ulimit nofile=1024:1024 --ulimit nproc=1024:1024"
     log = tmp_path / "server.log"
-    server = (f"({engines.SANDBOX} serve >{log} 2>&1 </dev/null & echo $! >{tmp_path}/server.pid) && "
+    server = (f"({engines.SANDBOX} serve --server /run/gpu-sandbox/hook.sock >{log} 2>&1 </dev/null & echo $! >{tmp_path}/server.pid) && "
               "while [ ! -S /run/gpu-sandbox/hook.sock ]; do sleep 0.02; done && ") if served else ""
     script = (f"mount -t tmpfs tmpfs /run && mkdir /run/cdi && cp {tmp_path}/nvidia.yaml /run/cdi/ && {server}"
               f"{podman} load -i {fixtures.image_archive()} >/dev/null && "

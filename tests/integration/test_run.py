@@ -118,7 +118,7 @@ def test_killing_the_supervisor_kills_gofer_and_container(make_bundle, driver_ro
         kids = children(pid)
         descendants += kids
         queue += kids
-    assert len(descendants) >= 2  # the gofer, the container (and its sleep)
+    assert descendants  # the container (Python's run: the gofer too; the launcher's: pid 1 is its child)
     p.kill()
     p.wait()
     deadline = time.monotonic() + 5
@@ -174,9 +174,10 @@ def test_trace_has_both_processes_and_overlap(make_bundle, driver_root, tmp_path
     assert r.returncode == 0, r.stderr
     events = json.loads(trace.read_text())["traceEvents"]
     spans = {e["name"]: e for e in events if e["ph"] == "X"}
-    for name in ("bundle parse", "discovery", "closure + stream", "unshare", "spec mounts",
+    for name in ("bundle parse", "discovery", "closure + stream", "spec mounts",
                  "gpu mounts", "gpu libraries", "gpu ld.so.cache", "pivot_root", "exec"):
         assert name in spans, name
+    assert "clone pid 1" in spans or "unshare" in spans, spans  # (the launcher's init, or Python's)
     assert len({e["pid"] for e in events if e["ph"] == "X"}) >= 2
     # the gofer is at work (imports, unshare, mounts) while the supervisor resolves the closure
     s = spans["closure + stream"]
