@@ -88,24 +88,29 @@ def _wait_gone(pid: int, timeout: float = 20) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def _rm_if_new(paths: dict[str, bool]) -> None:
+def _rm_if_new(paths: dict[str, bool | frozenset[str]]) -> None:
     """Remove the host paths an engine created that did not exist before it started: its
-    directories under /run, and the cgroups it made as their parent (empty by now)."""
+    directories under /run, and the cgroups it made as their parent (empty by now), or under
+    a parent that was there before, the children it added (podman's libpod-ID)."""
     for path, existed in paths.items():
-        if existed:
+        if existed is True:
             continue
         if path.startswith("/sys/fs/cgroup/"):  # busy a moment after its last process is reaped
-            cgroups.remove_dirs([str(p) for p in Path(path).rglob("*") if p.is_dir()] + [path])
+            new = [Path(path)] if existed is False else [p for p in Path(path).iterdir()
+                                                        if p.is_dir() and p.name not in existed]
+            cgroups.remove_dirs([str(p) for top in new for p in top.rglob("*") if p.is_dir()]
+                                + [str(top) for top in new if top != Path(path)] + ([path] if existed is False else []))
         else:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _cgroup_parents(*names: str) -> dict[str, bool]:
-    """The cgroups named ``names`` under each v1 controller, and whether they exist now."""
+def _cgroup_parents(*names: str) -> dict[str, bool | frozenset[str]]:
+    """The cgroups named ``names`` under each v1 controller: False where one is not there
+    now, else the names of the cgroups in it now."""
     root = Path("/sys/fs/cgroup")
     dirs = [root / c / n for c in (os.listdir(root) if root.is_dir() else []) for n in names
             if (root / c).is_dir() and not (root / c).is_symlink()]
-    return {str(d): d.exists() for d in dirs}
+    return {str(d): d.exists() and frozenset(p.name for p in d.iterdir() if p.is_dir()) for d in dirs}
 
 
 class Engine:
