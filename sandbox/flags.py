@@ -193,6 +193,9 @@ def parser():
     import argparse  # here, not at the top: the hook's fast path never needs it
 
     class Parser(argparse.ArgumentParser):
+        def __init__(self, *args, **kw):  # no abbreviated flags (runc takes none; verb_of could not skip one's value)
+            super().__init__(*args, **{"allow_abbrev": False, **kw})
+
         def error(self, message):  # one line, as every other error (argparse prints usage too)
             prog = self.prog
             verb = verb_of(_ARGV)

@@ -55,6 +55,7 @@
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <termios.h>
+#include <time.h>
 #include <dirent.h>
 #include <unistd.h>
 
@@ -204,19 +205,27 @@ static const char *next_item(const char **p, const char *end) {
     return item;
 }
 
+const char *plan_records(const char *buf, size_t *n, int *fds, int *nfds) {
+    if (*n != 6 || memcmp(buf, "memfd", 6) || *nfds < 1) return buf;
+    struct stat st;
+    char *file = NULL;
+    int ok = fstat(fds[0], &st) == 0 && st.st_size > 0 && st.st_size <= MAX_PLAN_FILE
+             && (file = malloc((size_t)st.st_size + 1)) != NULL && pread(fds[0], file, (size_t)st.st_size, 0) == st.st_size;
+    close(fds[0]);
+    memmove(fds, fds + 1, (size_t)(*nfds - 1) * sizeof *fds);
+    (*nfds)--;
+    if (!ok || (st.st_size == 6 && !memcmp(file, "memfd", 6))) { /* (one level: never a memfd in a memfd) */
+        free(file);
+        return NULL;
+    }
+    file[st.st_size] = '\0';
+    *n = (size_t)st.st_size;
+    return file; /* (the plan's strings: kept while the plan is) */
+}
+
 /* The plan's records; -1 on anything malformed (the launcher then says so: never a guess).
- * A plan too big for one message comes in a memfd: the record "memfd" alone, its fd first.
  * The tables are as big as the plan's records ask (execve has the last word on the size). */
 static int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds) {
-    if (n == 6 && !memcmp(buf, "memfd", 6) && nfds > 0) {
-        struct stat st;
-        char *file = NULL;
-        int ok = fstat(fds[0], &st) == 0 && st.st_size > 0 && st.st_size <= MAX_PLAN_FILE
-                 && (file = malloc((size_t)st.st_size)) != NULL && pread(fds[0], file, (size_t)st.st_size, 0) == st.st_size;
-        close(fds[0]);
-        return ok && !(st.st_size == 6 && !memcmp(file, "memfd", 6)) ? parse(pl, file, (size_t)st.st_size, fds + 1, nfds - 1)
-                                                                      : -1; /* (file: the plan's strings, kept) */
-    }
     size_t count[5] = {0}; /* arg, env, group, rlimit, hook items; hooks */
     size_t hooks = 0;
     for (const char *p = buf, *end = buf + n, *item; p < end && (item = next_item(&p, end)) != NULL;) {
@@ -547,9 +556,10 @@ static void run_hook(struct plan *pl, int i) {
         close(status[0]);
         umask(022);
         int s = fcntl(status[1], F_DUPFD_CLOEXEC, 3);
-        if (s >= 0 && dup2(in, 0) == 0 && dup2(out, 1) == 1 && dup2(err, 2) == 2 && chdir("/") == 0
-            && (s == 3 || syscall(SYS_close_range, 3, s - 1, 0) == 0) && syscall(SYS_close_range, s + 1, ~0U, 0) == 0)
+        if (s >= 0 && dup2(in, 0) == 0 && dup2(out, 1) == 1 && dup2(err, 2) == 2 && chdir("/") == 0) {
+            close_except(3, &s, 1); /* (close_range, or /proc/self/fd where a filter refuses it) */
             execve(path, argv, envp);
+        }
         int e = errno;
         if (write(s, &e, sizeof e) < 0) {}
         _exit(127);
@@ -562,18 +572,26 @@ static void run_hook(struct plan *pl, int i) {
     do got = read(status[0], &e, sizeof e); while (got < 0 && errno == EINTR);
     close(status[0]);
     int st = 0, pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    if (got != sizeof e && pl->hooks[i].timeout && pidfd >= 0) {
-        struct pollfd p = {.fd = pidfd, .events = POLLIN};
+    if (got != sizeof e && pl->hooks[i].timeout) {
         long ms = (long)pl->hooks[i].timeout * 1000;
-        int r;
-        do r = poll(&p, 1, ms > INT32_MAX ? -1 : (int)ms); while (r < 0 && errno == EINTR);
+        int r = 1;
+        if (pidfd >= 0) {
+            struct pollfd p = {.fd = pidfd, .events = POLLIN};
+            do r = poll(&p, 1, ms > INT32_MAX ? -1 : (int)ms); while (r < 0 && errno == EINTR);
+        } else { /* (no pidfd: a kernel before 5.3, or a filter refusing it) the exit polled, 10 ms apart */
+            struct timespec tick = {0, 10 * 1000 * 1000};
+            for (long waited = 0; (r = (int)waitpid(pid, &st, WNOHANG)) == 0 && waited < ms; waited += 10)
+                nanosleep(&tick, NULL);
+            r = r == 0 ? 0 : (r > 0 ? 2 : 1); /* (2: reaped here) */
+        }
         if (r == 0) {
             kill(pid, SIGKILL);
             while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
             fail(1, "hooks.startContainer[%d] %s: timed out after %ds", i, path, pl->hooks[i].timeout);
         }
+        if (r == 2) pid = -1;
     }
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    while (pid > 0 && waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
     if (pidfd >= 0) close(pidfd);
     if (got == sizeof e) fail(1, "hooks.startContainer[%d] %s: %s", i, path, strerror(e));
     if (!WIFEXITED(st) || WEXITSTATUS(st)) {
@@ -953,9 +971,14 @@ static void init_process(int chan) {
     char *buf = malloc(MAX_REQUEST + 1);
     int fds[MAX_FDS], nfds = 0;
     ssize_t r = buf != NULL ? recv_plan(chan, buf, MAX_REQUEST, fds, &nfds, 0) : -1;
+    if (r < 0 && errno == EMSGSIZE) /* (fds cut short: rlimits set before a user namespace) */
+        fail(1, "the container's init could not receive its plan: %s (process.rlimits' RLIMIT_NOFILE?)",
+             strerror(errno));
     if (r <= 0) _exit(1); /* the gofer gave up before the plan (it says why) */
     struct plan pl;
-    if (parse(&pl, buf, (size_t)r, fds, nfds) < 0 || pl.fifo < 0 || !pl.root_set)
+    size_t n = (size_t)r;
+    const char *records = plan_records(buf, &n, fds, &nfds);
+    if (records == NULL || parse(&pl, records, n, fds, nfds) < 0 || pl.fifo < 0 || !pl.root_set)
         fail(1, "the server's plan for the init is not one this launcher reads (rebuild both)");
     struct stat root;
     if (stat("/", &root) < 0 || root.st_dev != pl.root_dev || root.st_ino != pl.root_ino)
@@ -1003,19 +1026,20 @@ static pid_t userns_init(struct plan *pl, int *chan, char **argv, char *report, 
         report_fd = sync[1], report_waits = 0;
         set_rlimits(pl);
         set_scheduling(pl);
+        /* a user namespace named by path first (runc's order, gofer/userns.py's): the others
+         * are then joined as its root; a new one is made after them, as runc's nsexec does */
         int user = -1;
-        for (int i = 0; i < pl->nns; i++) {
-            if (pl->ns[i].flag == CLONE_NEWUSER) {
-                user = i;
-            } else {
-                if (setns(pl->ns[i].fd, pl->ns[i].flag) < 0)
-                    fail(1, "setns the container's %s namespace: %s", pl->ns[i].name, strerror(errno));
-                close(pl->ns[i].fd);
-            }
-        }
-        char c = 'u';
+        for (int i = 0; i < pl->nns; i++)
+            if (pl->ns[i].flag == CLONE_NEWUSER) user = i;
         if (user >= 0 && setns(pl->ns[user].fd, CLONE_NEWUSER) < 0)
             fail(1, "setns the container's user namespace: %s", strerror(errno));
+        for (int i = 0; i < pl->nns; i++) {
+            if (i == user) continue;
+            if (setns(pl->ns[i].fd, pl->ns[i].flag) < 0)
+                fail(1, "setns the container's %s namespace: %s", pl->ns[i].name, strerror(errno));
+            close(pl->ns[i].fd);
+        }
+        char c = 'u';
         if (user < 0 && unshare(CLONE_NEWUSER) < 0)
             fail(1, "linux.namespaces: cannot create the container's user namespace: %s", strerror(errno));
         if (user < 0 && (write(sync[1], &c, 1) != 1 || read(sync[1], &c, 1) != 1 || c != 'm'))

@@ -15,6 +15,11 @@
  * past an SO_RCVTIMEO; EMSGSIZE for a message or fds cut short: nothing kept). */
 ssize_t recv_plan(int s, char *buf, size_t cap, int *fds, int *nfds, int flags);
 
+/* The records of a plan as received (buf, *n; fds, *nfds): buf itself, or where the message
+ * is "memfd" (a plan too big for one message), the contents of its first fd, which is closed
+ * and taken off fds; NULL for a memfd that cannot be read (or holds a "memfd" again). */
+const char *plan_records(const char *buf, size_t *n, int *fds, int *nfds);
+
 /* Runs the plan (buf, n; fds as received) on the server's connection s: the exit code of
  * `sandbox exec`, the process's own when not detached. argv: the command line, blanked in
  * the child that joins the container. */

@@ -270,8 +270,16 @@ static int served_plan(int argc, char **argv, int at) {
             return 1;
         }
     }
-    if (strncmp(buf, "plan", 4) == 0) return frontend_exec(s, buf, (size_t)r, fds, nfds, argv);
-    if (strncmp(buf, "clone", 5) == 0) return frontend_create(s, buf, (size_t)r, fds, nfds, argv, at);
+    size_t n = (size_t)r;
+    const char *records = plan_records(buf, &n, fds, &nfds); /* (a big plan comes in a memfd) */
+    if (records == NULL) {
+        fprintf(stderr, "sandbox %s: the server's plan is not one this launcher reads (rebuild both)\n", verb);
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        close(s);
+        return 1;
+    }
+    if (strncmp(records, "plan", 4) == 0) return frontend_exec(s, records, n, fds, nfds, argv);
+    if (strncmp(records, "clone", 5) == 0) return frontend_create(s, records, n, fds, nfds, argv, at);
     for (int i = 0; i < nfds; i++) close(fds[i]);
     close(s); /* {"fallback"}, or {"code"}: the error already printed */
     int code = field(buf, "fallback") && !taken ? -1 : (field(buf, "code") ? atoi(field(buf, "code")) & 0xff : 1);

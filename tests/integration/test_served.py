@@ -782,21 +782,23 @@ def test_a_failed_create_is_pythons_and_leaves_nothing(server, make_bundle, tmp_
 
 
 def test_a_process_of_any_size_is_served(server, make_bundle, tmp_path):
-    """5,000 variables and 3,000 arguments (a plan bigger than one message: it goes in a
-    memory file): created and exec'd through the launcher as in Python, nothing declined."""
+    """5,000 variables and 3,000 arguments, plans bigger than one message (fp.MAX_PLAN: they
+    go in a memory file): created and exec'd through the launcher as in Python, nothing
+    declined."""
     path, log, _ = server
     root = tmp_path / "state"
-    many = [f"V{i}=x" for i in range(5000)]
+    x = "x" * 50
+    many = [f"V{i}={x}" for i in range(5000)]
     args = ["sh", "-c", 'echo "$# $V4999"', "sh", *[f"a{i}" for i in range(3000)]]
     bundle = make_bundle(args, many)
     here = _created("", root, bundle, "big-py", tmp_path)
     warm = _created(path, root, bundle, "big-warm", tmp_path)
-    assert warm[:3] == here[:3] == (0, "", "3000 x\n"), (warm, here)
+    assert warm[:3] == here[:3] == (0, "", f"3000 {x}\n"), (warm, here)
     _launch("", root, make_bundle(["sleep", "60"]), "big-exec", tmp_path)
     try:
-        r = verb(path, "--root", root, "exec", *[f"--env=E{i}=y" for i in range(4000)], "big-exec", "sh", "-c",
+        r = verb(path, "--root", root, "exec", *[f"--env=E{i}={x}" for i in range(4000)], "big-exec", "sh", "-c",
                  'echo "$E3999"; env | grep -c ^E')
-        assert (r.returncode, r.stdout) == (0, "y\n4000\n"), r.stderr
+        assert (r.returncode, r.stdout) == (0, f"{x}\n4000\n"), r.stderr
     finally:
         verb("", "--root", root, "delete", "--force", "big-exec")
     assert "declined" not in log.read_text(), log.read_text()

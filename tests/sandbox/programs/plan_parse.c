@@ -12,7 +12,8 @@ int main(int argc, char **argv) {
     int fds[MAX_FDS], nfds = 0;
     for (int i = 1; i < argc && nfds < MAX_FDS; i++) fds[nfds++] = open(argv[i], O_RDONLY | O_CLOEXEC);
     static struct plan pl;
-    if (parse(&pl, buf, n, fds, nfds) < 0) {
+    const char *records = plan_records(buf, &n, fds, &nfds);
+    if (records == NULL || parse(&pl, records, n, fds, nfds) < 0) {
         puts("refused");
         return 1;
     }
