@@ -107,6 +107,7 @@ class Root:
 
     def __init__(self, path: str, scratch_size: str | None = None, upper_owner: tuple[int, int] | None = None):
         self.fd = os.open(path, O_PATH_DIR)
+        self.image = os.dup(self.fd)  # the image's root, under any overlay we put on "/"
         # who owns an overlay's top: the image directory's owner, unless told (in a user
         # namespace that owner reads as the overflow uid, a real uid of a wide map there)
         self.upper_owner = upper_owner
@@ -119,7 +120,7 @@ class Root:
         self.created = 0  # entries created (mount points, dirs, links): for the trace
 
     def close(self) -> None:
-        for fd in {self.fd, self._scratch, *self.overlays.values(), *self._dirs.values()}:
+        for fd in {self.fd, self.image, self._scratch, *self.overlays.values(), *self._dirs.values()}:
             if fd is not None:
                 os.close(fd)
 
@@ -251,13 +252,17 @@ class Root:
         """An fd for the directory ``dirfd`` in which entries can be created without
         touching the image: itself if it is on a writable fs, else its private overlay."""
         st = os.fstat(dirfd)
-        # (in a user namespace an image directory under an overlay of ours reads as nobody's:
-        # root there may not add to it, so it gets an overlay of its own, on top)
-        if st.st_dev in self.writable_devs and (self.upper_owner is None or os.access(sc.fdpath(dirfd), os.W_OK)):
-            return dirfd
         key = (st.st_dev, st.st_ino)
         if key in self.overlays:
             return self.overlays[key]
+        lower = dirfd
+        if st.st_dev in self.writable_devs:
+            if self.upper_owner is None or os.access(sc.fdpath(dirfd), os.W_OK):
+                return dirfd
+            # In a user namespace an image directory under our overlay of "/" reads as
+            # nobody's: root there may not add to it. It gets an overlay of its own, over the
+            # image's directory itself (over ours, an overlayfs image would stack too deep).
+            lower = self._image_dir(dirfd, unsafe_path)
         s = self.scratch()
         n = len(self.overlays)
         os.mkdir(f"o{n}", 0o700, dir_fd=s)
@@ -274,7 +279,7 @@ class Root:
                  for mp in _mounts_below(host_dir)]
         try:
             ov = sc.fsmount("overlay", {
-                "lowerdir": sc.fdpath(dirfd),
+                "lowerdir": sc.fdpath(lower),
                 "upperdir": f"{sc.fdpath(s)}/o{n}/upper",
                 "workdir": f"{sc.fdpath(s)}/o{n}/work",
             })
@@ -291,6 +296,8 @@ class Root:
         finally:
             for _rel, tree in below:
                 os.close(tree)
+            if lower != dirfd:
+                os.close(lower)
         self.writable_devs.add(os.fstat(ov).st_dev)
         self.overlays[key] = ov
         root_st = os.fstat(self.fd)
@@ -303,6 +310,14 @@ class Root:
             # cached fds below host_dir now name hidden mounts: resolve them afresh
             self._refresh()
         return self.overlays[key]
+
+    def _image_dir(self, dirfd: int, unsafe_path: str) -> int:
+        """The image's own directory that ``dirfd`` (under our overlay of "/") shows."""
+        top, real = os.readlink(sc.fdpath(self.fd)), os.readlink(sc.fdpath(dirfd))
+        if not real.startswith(top.rstrip("/") + "/"):
+            raise MountError(unsafe_path, f"{real} is not under the root {top}")
+        return sc.openat2(self.image, real[len(top):].lstrip("/"), O_PATH_DIR,
+                          sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_SYMLINKS, what=unsafe_path)
 
     def _refresh(self) -> None:
         for fd in set(self._dirs.values()) - set(self.overlays.values()) - {self.fd}:

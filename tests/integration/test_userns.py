@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -52,11 +55,14 @@ def test_gpu_container_in_a_user_namespace(make_bundle, tmp_path, driver_root, r
     assert (mount_table(), tree(rootfs_debian)) == before
 
 
-def test_gpu_container_in_a_user_namespace_with_a_volume_the_image_lacks(make_bundle, tmp_path, driver_root,
+@pytest.mark.parametrize("image", ["directory", "overlayfs"])
+def test_gpu_container_in_a_user_namespace_with_a_volume_the_image_lacks(image, make_bundle, tmp_path, driver_root,
                                                                          rootfs_debian):
     """A volume whose mount point the image lacks puts an overlay on "/"; the driver's files
     then go into image directories under it, nobody's in there: each gets an overlay of its
-    own (root in the namespace may not add to them). They failed with EACCES."""
+    own (root in the namespace may not add to them), over the image's directory itself (over
+    ours, an overlayfs image, as containerd's and Docker's are, would stack too deep). They
+    failed with EACCES, then with EINVAL on an overlayfs image."""
     volume = tmp_path / "volume"
     volume.mkdir()
     (volume / "data").write_text("mine\n")
@@ -64,12 +70,28 @@ def test_gpu_container_in_a_user_namespace_with_a_volume_the_image_lacks(make_bu
                      ["NVIDIA_VISIBLE_DEVICES=all"])
     spec = json.loads((bundle / "config.json").read_text())
     spec["mounts"].append({"destination": "/data", "type": "bind", "source": str(volume), "options": ["rbind"]})
-    (bundle / "config.json").write_text(json.dumps(spec))
-    before = (mount_table(), tree(rootfs_debian))
-    r = sandbox("run", bundle, "--root", tmp_path / "s", "--driver-root", driver_root)
-    assert r.returncode == 0 and r.stdout.split()[:2] == ["mine", "/dev/nvidia0"], (r.stdout, r.stderr)
-    assert "libcuda.so.1: cuInit found" in r.stdout, r.stdout
-    assert (mount_table(), tree(rootfs_debian)) == before
+    command = [*CLI, "run", str(bundle), "--root", str(tmp_path / "s"), "--driver-root", str(driver_root)]
+    # (an overlayfs image, mounted in a mount namespace of the test's own, where the
+    # namespace's root can reach it: not under pytest's 0700 directory)
+    layers = Path(tempfile.mkdtemp(prefix="sandbox-image-"))
+    try:
+        if image == "overlayfs":
+            layers.chmod(0o755)
+            for d in ("up", "work", "merged"):
+                (layers / d).mkdir()
+            spec["root"]["path"] = str(layers / "merged")
+            command = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                       f"mount -t overlay overlay -o lowerdir={rootfs_debian},upperdir={layers}/up,"
+                       f"workdir={layers}/work {layers}/merged && exec \"$@\"", "sh", *command]
+        (bundle / "config.json").write_text(json.dumps(spec))
+        before = (mount_table(), tree(rootfs_debian))
+        r = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stdout.split()[:2] == ["mine", "/dev/nvidia0"], (r.stdout, r.stderr)
+        assert "libcuda.so.1: cuInit found" in r.stdout, r.stdout
+        assert (mount_table(), tree(rootfs_debian)) == before
+        assert image == "directory" or not os.listdir(layers / "up"), os.listdir(layers / "up")  # (the image as it was)
+    finally:
+        shutil.rmtree(layers)
 
 
 def test_container_root_is_not_the_hosts(make_bundle, tmp_path):
