@@ -253,6 +253,8 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     # what a seccomp agent is told with the notification fd
     status = hook_state(start.id, "creating", host_pid, start.bundle, start.spec.annotations)
     state = msgspec.json.encode(status)
+    # the startContainer hooks' (after start, as runc's init tells them: "created")
+    started = msgspec.json.encode(hook_state(start.id, "created", host_pid, start.bundle, start.spec.annotations))
     if filt is not None:
         filt.pid, filt.state = host_pid, status
     if start.hooks_pause:
@@ -315,13 +317,13 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             spans.add("exec", time.monotonic_ns())
             protocol.send(sock, protocol.Ready(spans.items, host_pid))  # (and we exit: see hand_over)
 
-        remote_init.hand_over(chan, init, spec, bpf, fifo, console, (listener, status) if listener else None, state,
+        remote_init.hand_over(chan, init, spec, bpf, fifo, console, (listener, status) if listener else None, started,
                               in_userns, remote_ready)
         os._exit(0)
     start_hooks = None
     if hooks is not None and hooks.start_container:
         def start_hooks() -> None:
-            run_hooks(hooks.start_container, "startContainer", state)
+            run_hooks(hooks.start_container, "startContainer", started)
     # (in a user namespace of its own, the rlimits and the early scheduling came before it,
     # with the host's privileges: see the _keeper call above)
     process.tail(proc, console, spec.linux.personality, "late" if in_userns else "all", filt,

@@ -99,7 +99,8 @@ def _rm_if_new(paths: dict[str, bool | frozenset[str]]) -> None:
             new = [Path(path)] if existed is False else [p for p in Path(path).iterdir()
                                                         if p.is_dir() and p.name not in existed]
             cgroups.remove_dirs([str(p) for top in new for p in top.rglob("*") if p.is_dir()]
-                                + [str(top) for top in new if top != Path(path)] + ([path] if existed is False else []))
+                                + [str(top) for top in new if top != Path(path)] + ([path] if existed is False else []),
+                                patience=10)  # (a container's last process may take a while to be reaped)
         else:
             shutil.rmtree(path, ignore_errors=True)
 

@@ -20,7 +20,7 @@ import fixtures  # noqa: E402
 # launcher (tests/integration/helpers.py's CLI) finds none at this socket and plans exec,
 # create and run with a planner of its own and its C executor, the path of a node without a
 # server; SANDBOX_SERVER="" in a test is the launcher's own Python (test_served.py's baseline).
-os.environ["SANDBOX_SERVER"] = os.path.join(__import__("tempfile").mkdtemp(prefix="no-server-"), "none.sock")
+os.environ["SANDBOX_SERVER"] = "/nonexistent/sandbox-tests.sock"  # (a directory no one makes)
 os.environ["SANDBOX_SERVER_IDLE"] = "0"  # nor does a client of a test start one (sandbox/server_connect.h)
 
 

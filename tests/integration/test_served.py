@@ -838,7 +838,7 @@ def test_start_container_hooks_served_as_in_python(server, make_bundle, tmp_path
         assert results[f"{name}-warm"] == results[f"{name}-py"], (name, results[f"{name}-warm"], results[f"{name}-py"])
     ok, seen = results["ok-warm"]
     assert ok == (0, "", "ran\n"), ok
-    assert seen["A.state"] == seen["B.state"] and '"id":"CID","status":"creating","pid":PID' in seen["A.state"], seen
+    assert seen["A.state"] == seen["B.state"] and '"id":"CID","status":"created","pid":PID' in seen["A.state"], seen
     assert seen["A.seen"] == "0022\n/\nPATH=/sbin:/usr/sbin:/bin:/usr/bin\nPWD=/\nSHLVL=1\nX=3\nY=2\n0\n1\n2\n3\n", seen
     assert "X=" not in seen["B.seen"] and seen["B.seen"].endswith("\n0\n1\n2\n3\n"), seen  # (3: ls's own directory)
     assert results["fails-warm"][0][2] == "sandbox: hooks.startContainer[0] /bin/sh: exit status 3: why it failed\n"
