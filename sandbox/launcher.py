@@ -57,7 +57,7 @@ def write_launcher(path: str, strip: str = "") -> None:
         _install(path, (f"#!{_unstaged(sys.executable, strip)} -IS\nimport sys\n"
                         f"sys.path[:0] = {[_unstaged(p, strip) for p in import_paths()]!r}\n{MAIN}\n").encode())
         return
-    _build(path, ["launcher.c", "frontend.c"],
+    _build(path, ["launcher.c", "frontend.c", "plan.c", "process.c"],
            f"#define SANDBOX_PYTHON {c_string(_unstaged(sys.executable, strip))}\n"
            f"#define SANDBOX_CODE {c_string(entry_code(strip))}\n"
            f"#define SANDBOX_GLOBAL_VALUES {', '.join(map(c_string, GLOBAL_VALUES))}\n")

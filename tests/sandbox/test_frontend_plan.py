@@ -32,7 +32,8 @@ def parser(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("plan")
     (d / "config.h").write_text(wire.c_header())
     subprocess.run([cc, "-O0", "-w", "-I", str(REPO / "sandbox"), f'-DSANDBOX_CONFIG="{d / "config.h"}"',
-                    "-o", str(d / "plan_parse"), str(REPO / "tests/sandbox/programs/plan_parse.c")], check=True)
+                    "-o", str(d / "plan_parse"), str(REPO / "tests/sandbox/programs/plan_parse.c"),
+                    *(str(REPO / "sandbox" / f) for f in ("plan.c", "process.c"))], check=True)
     return d / "plan_parse"
 
 
