@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import resource
 
-import msgspec
-
 from gofer import process
 from mounts.errors import BundleError, ExecError, ProcessError, SandboxError
 from mounts.spec import (
@@ -71,13 +69,10 @@ def scheduling_records(proc: Process, personality: Personality | None, part: str
     """process.scheduler, process.ioPriority and linux.personality as the kernel takes them
     (gofer.process.set_scheduling's calls, its ``part``s; frontend.c makes them in the
     process that execs, or the early part before a user namespace)."""
-    deadline = proc.scheduler is not None and proc.scheduler.policy == "SCHED_DEADLINE"
-    if part == "late":
-        if not deadline:
-            return []
-        return scheduling_records(msgspec.structs.replace(proc, io_priority=None), None)
-    if part == "early" and deadline:
-        proc = msgspec.structs.replace(proc, scheduler=None)
+    part_of = process.scheduling_part(proc, personality, part)
+    if part_of is None:
+        return []
+    proc, personality = part_of
     records = []
     if (s := proc.scheduler) is not None:
         flags = sum(SCHED_FLAGS[f] for f in s.flags)

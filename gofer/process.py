@@ -141,18 +141,29 @@ def apply_labels(proc: Process) -> None:
             raise ProcessError(f"cannot apply {label!r}: no /proc/thread-self/attr here")
 
 
+def scheduling_part(proc: Process, personality: Personality | None,
+                    part: str) -> tuple[Process, Personality | None] | None:
+    """What ``part`` of set_scheduling applies: the process and personality with the rest
+    left out, or None for nothing (gofer/frontend_plan.py plans the same parts for C)."""
+    deadline = proc.scheduler is not None and proc.scheduler.policy == "SCHED_DEADLINE"
+    if part == "late":
+        return (msgspec.structs.replace(proc, io_priority=None), None) if deadline else None
+    if part == "early" and deadline:
+        return msgspec.structs.replace(proc, scheduler=None), personality
+    return proc, personality
+
+
 def set_scheduling(proc: Process, personality: Personality | None, part: str = "all") -> None:
     """process.scheduler, process.ioPriority and linux.personality, as runc applies them:
     while we still hold CAP_SYS_NICE (a real-time policy needs it), before the user changes.
     A task under SCHED_DEADLINE cannot fork: where a fork follows, ``part="early"`` leaves
     that policy out and ``part="late"`` (in the last process) applies it alone."""
-    deadline = proc.scheduler is not None and proc.scheduler.policy == "SCHED_DEADLINE"
-    if part == "late":
-        if not deadline:
-            return
-        personality, proc = None, msgspec.structs.replace(proc, io_priority=None)
+    part_of = scheduling_part(proc, personality, part)
+    if part_of is None:
+        return
+    proc, personality = part_of
     try:
-        if proc.scheduler is not None and not (deadline and part == "early"):
+        if proc.scheduler is not None:
             s = proc.scheduler
             sc.sched_setattr(SCHED_POLICIES[s.policy], sum(SCHED_FLAGS[f] for f in s.flags), s.nice, s.priority,
                              s.runtime, s.deadline, s.period)

@@ -82,8 +82,8 @@ def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, sock
     if in_userns:
         records += early_records(spec.process, spec.linux.personality)
     if in_userns and not userns_path:
-        records += [f"{name} " + "".join(f"{m.container_id} {m.host_id} {m.size}\n" for m in mappings)
-                    for name, mappings in (("uid-map", spec.linux.uid_mappings), ("gid-map", spec.linux.gid_mappings))]
+        records += [f"uid-map {userns.map_text(spec.linux.uid_mappings)}",
+                    f"gid-map {userns.map_text(spec.linux.gid_mappings)}"]
     fds: list[int] = []
     try:
         for nstype, path in join:

@@ -36,12 +36,18 @@ def new_namespace(spec: Spec) -> tuple[bool, str | None]:
     return False, None
 
 
+def map_text(mappings) -> str:
+    """linux.uidMappings or gidMappings as /proc/PID/uid_map takes them (what Python writes
+    here, and the launcher's child, sandbox/frontend.c, for a served create)."""
+    return "".join(f"{m.container_id} {m.host_id} {m.size}\n" for m in mappings)
+
+
 def write_maps(pid: int, spec: Spec) -> None:
     """The spec's mappings for ``pid``'s new user namespace, written from the parent one."""
     for name, mappings in (("uid_map", spec.linux.uid_mappings), ("gid_map", spec.linux.gid_mappings)):
         path = f"/proc/{pid}/{name}"
         field = "linux.uidMappings" if name == "uid_map" else "linux.gidMappings"
-        data = "".join(f"{m.container_id} {m.host_id} {m.size}\n" for m in mappings)
+        data = map_text(mappings)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
             try:
