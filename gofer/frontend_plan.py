@@ -21,18 +21,21 @@ from mounts.spec import (
     Seccomp,
 )
 
-MAX_PLAN = 200_000  # bytes in one message (well inside a SOCK_SEQPACKET's send buffer); more go in a memfd
 # frontend.c's tables of fds, namespaces and cgroups, defined here alone: sandbox/launcher.py
 # writes them into the header frontend.c is built with (c_defines), so the two can never
 # disagree (its other tables are as big as a plan asks: execve has the last word)
 MAX_FDS = 64  # fds a plan carries
 MAX_NS, MAX_CGROUPS = 8, 32
+# bytes sent as one message (well inside a SOCK_SEQPACKET's send buffer): a plan, or the
+# launcher's request, bigger than that goes in a memfd ("memfd", its fd first) of MAX_FILE at most
+MAX_MESSAGE, MAX_FILE = 200_000, 64 << 20
 
 
 def c_defines() -> str:
     """The limits above and the console's deadline as C macros (PLAN_MAX_FDS ...), for frontend.c."""
     return "".join(f"#define PLAN_{name} {value}\n" for name, value in (
-        ("MAX_FDS", MAX_FDS), ("MAX_NS", MAX_NS), ("MAX_CGROUPS", MAX_CGROUPS),
+        ("MAX_FDS", MAX_FDS), ("MAX_NS", MAX_NS), ("MAX_CGROUPS", MAX_CGROUPS), ("MAX_MESSAGE", MAX_MESSAGE),
+        ("MAX_FILE", MAX_FILE),
         ("CONSOLE_TIMEOUT_S", int(process.CONSOLE_TIMEOUT))))
 
 
@@ -156,13 +159,13 @@ def encode(records: list[str]) -> bytes:
 
 def send(sock, records: list[str], fds: list[int]) -> None:
     """The plan on ``sock``, its ``fds`` as SCM_RIGHTS: one message, or where it is bigger
-    than MAX_PLAN, "memfd" with a memory file of the records as its first fd."""
+    than MAX_MESSAGE, "memfd" with a memory file of the records as its first fd."""
     import socket
 
     data = encode(records)
     if len(fds) + 1 > MAX_FDS:
         raise SandboxError(f"process: more than {MAX_FDS - 1} fds for the launcher's plan")
-    if len(data) <= MAX_PLAN:
+    if len(data) <= MAX_MESSAGE:
         socket.send_fds(sock, [data], fds)
         return
     memfd = os.memfd_create("plan", os.MFD_CLOEXEC)

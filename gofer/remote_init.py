@@ -43,22 +43,6 @@ from gofer.frontend_plan import (
 from mounts.errors import MountError, SandboxError
 from mounts.spec import Spec
 
-# The processes a served create has in the container's cgroup at once: the launcher, pid 1,
-# the gofer and its builder (Python's create: the gofer and pid 1, the limit named if fewer).
-SERVED_PROCESSES = 4
-
-
-def unsupported_create(spec: Spec) -> str | None:
-    """Why the launcher's init cannot serve ``spec`` (sandbox/create_frontend.py declines it
-    then, before anything happens), or None."""
-    proc = spec.process
-    if proc is None:
-        return None  # (an error either way: the verb says so)
-    pids = spec.linux.resources.pids if spec.linux.resources is not None else None
-    if pids is not None and 0 < pids.limit < SERVED_PROCESSES:
-        return f"a pids limit under {SERVED_PROCESSES}"
-    return None
-
 
 def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, socket.socket, int]:
     """Have the launcher make the container's pid 1: its pid (as the host sees it), our
@@ -66,9 +50,6 @@ def clone(conn: socket.socket, spec: Spec, preserve_fds: int) -> tuple[int, sock
     opened here, as the gofer would join them. With a user namespace (joined by path, or a
     new one with the spec's maps, which the launcher writes), the launcher's child sets what
     takes the host's privileges first (frontend.c's userns_init; gofer/userns.py in Python)."""
-    why = unsupported_create(spec)  # (declined before: the bundle read again must not differ)
-    if why is not None:
-        raise SandboxError(f"create: {why}: not for the launcher's init")
     flags, join = rootfs.namespace_flags(spec)
     in_userns, userns_path = userns.new_namespace(spec)
     if userns_path:

@@ -476,6 +476,13 @@ class SystemdCgroup:
             self.remove()
             raise
 
+    def limits(self, resources) -> None:
+        """New limits for the unit made (the unit's properties, then the files systemd has no
+        property for)."""
+        set_properties(self.unit, resource_properties(resources, self.v2))
+        if self.fs is not None:
+            self.fs.limits(resources)
+
     def allow(self, major: int, minor: int) -> None:
         self.gpu_nodes.append((major, minor))
         if self.fs is not None:

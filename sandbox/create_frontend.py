@@ -10,11 +10,10 @@ removes it as Python's run does.
 The prestart and createRuntime hooks run here while the builder waits, as in Python; the
 createContainer hooks run from the builder, in the container's namespaces before pivot_root;
 the startContainer hooks are part of pid 1's plan (it runs them after start, before its exec).
-What the launcher's init cannot do is declined before anything happens, and the launcher
-runs create in Python as before: a pids limit under SERVED_PROCESSES (gofer/remote_init.py).
-An init created into a pid namespace not its own (a pod's shared
-one, the host's) is the launcher's child there, as Python's is the gofer's; with a user
-namespace, its grandchild (frontend.c's userns_init)."""
+Nothing is declined: a pids limit under the processes that make the container is written
+once they are gone (sandbox/launch.py). An init created into a pid namespace not its own (a
+pod's shared one, the host's) is the launcher's child there; with a user namespace, its
+grandchild (frontend.c's userns_init)."""
 
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ import os
 import socket
 
 from gofer.cgroups.common import cgroup_dirs
-from gofer.remote_init import unsupported_create
 from mounts.errors import SandboxError
 from sandbox.exec_frontend import Decline
 
@@ -51,9 +49,6 @@ class CreateFrontend:
             self._take_up()
             return
         self.read = read  # (launch takes it from here: the bundle is read once)
-        why = unsupported_create(read[1][0])
-        if why is not None:
-            raise Decline(why)
         self._take_up()
 
     def _take_up(self) -> None:

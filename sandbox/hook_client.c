@@ -9,8 +9,8 @@
  * argv[1:] is the whole Python hook. The client sends {"argv": <from "hook" (or "cdi") on>, "stdin":
  * <the container state>} to SOCKET (default /run/gpu-sandbox/hook.sock), as the Python client
  * does, and prints the server's error line and exits with its code. Whenever the server is
- * of no use (none listens, it is not root's, it declines, the request is too big, the state
- * is not plain UTF-8, --trace is asked for) it execs argv[1:] with the state on stdin again:
+ * of no use (none listens, it is not root's, it declines, the request is too big, --trace
+ * is asked for) it execs argv[1:] with the state on stdin again:
  * the hook then does the work itself, exactly as without this program. Where none listens
  * and the hook runs as the node's root, it starts one first (server_connect.h).
  */
@@ -108,16 +108,15 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    if (hook < 0 || state.n >= MAX_REQUEST || !utf8((unsigned char *)state.p, state.n)) fallback(cmd, state.p, state.n);
+    if (hook < 0 || state.n >= MAX_REQUEST) fallback(cmd, state.p, state.n);
 
     struct buf req = {0};
     int bad = put(&req, "{\"argv\": [", 10);
     for (int i = hook; i < argc && !bad; i++) {
-        bad = (i > hook && put(&req, ", ", 2)) || !utf8((unsigned char *)argv[i], strlen(argv[i]))
-              || json_string(&req, argv[i], strlen(argv[i]));
+        bad = (i > hook && put(&req, ", ", 2)) || json_string(&req, argv[i], strlen(argv[i]));
     }
     char cwd[PATH_MAX]; /* (relative paths are ours: runc starts a hook in the bundle) */
-    bad = bad || getcwd(cwd, sizeof cwd) == NULL || !utf8((unsigned char *)cwd, strlen(cwd));
+    bad = bad || getcwd(cwd, sizeof cwd) == NULL;
     bad = bad || put(&req, "], \"cwd\": ", 10) || json_string(&req, cwd, strlen(cwd));
     bad = bad || put(&req, ", \"stdin\": ", 11) || json_string(&req, state.p ? state.p : "", state.n);
     for (int i = 1; i + 1 < hook && !bad; i++) /* the program: the Python hook's -c CODE */

@@ -487,12 +487,21 @@ def _receive(conn):
     """One request and the fds sent with it (closed-on-exec, as every fd of ours)."""
     import socket
 
-    size = socket.CMSG_SPACE(3 * 4)
+    from gofer.frontend_plan import MAX_FILE
+
+    size = socket.CMSG_SPACE(4 * 4)
     data, ancillary, _flags, _addr = conn.recvmsg(MAX_REQUEST, size, socket.MSG_CMSG_CLOEXEC)
     fds: list[int] = []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds += [int.from_bytes(payload[i:i + 4], "little") for i in range(0, len(payload) - len(payload) % 4, 4)]
+    if data == b"memfd\0" and fds:  # a request bigger than one message (the launcher's): in a memory file
+        memfd, fds = fds[0], fds[1:]
+        try:
+            size = os.fstat(memfd).st_size
+            data = os.pread(memfd, size, 0) if size <= MAX_FILE else b""
+        finally:
+            os.close(memfd)
     return data, fds
 
 

@@ -213,6 +213,10 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
             # zombie there would hold pid 1's exit): gone before the container is recorded,
             # as no process can be exec'd into it until then to find the builder
             _reap_all(time.monotonic() + 5)
+        if cgroup is not None and (low := _low_pids(spec.linux.resources)) is not None:
+            from mounts.spec import Pids, Resources
+
+            cgroup.limits(Resources(pids=Pids(limit=low)))  # (only the container's processes are left)
         if not opts.detached or launcher is not None:  # (else written before the init's Resume)
             sd.write(state)
         return Launched(ready.pid, ready.spans, state, hooks, trace)
@@ -343,7 +347,14 @@ def _cgroup(spec, opts: Options, gofer: int, sd, launcher: Launcher | None = Non
     sd.write(state)
     try:
         cgroup.create()
-        cgroup.apply(spec.linux.resources, spec.linux.devices)
+        resources = spec.linux.resources
+        if _low_pids(resources) is not None:  # (the limit itself once the container is made)
+            import msgspec
+
+            from mounts.spec import Pids
+
+            resources = msgspec.structs.replace(resources, pids=Pids(limit=MAKING_PROCESSES))
+        cgroup.apply(resources, spec.linux.devices)
         if launcher is not None and _hung_up(launcher.fd):  # its pid (SO_PEERCRED) may be another's now
             raise SandboxError("the launcher exited before the container's cgroup was made")
         cgroup.add(launcher.pid if launcher is not None else gofer)
@@ -355,6 +366,18 @@ def _cgroup(spec, opts: Options, gofer: int, sd, launcher: Launcher | None = Non
         cgroup.remove()
         raise
     return cgroup
+
+
+# The processes in the container's cgroup while it is made: the launcher, pid 1, the gofer
+# and its builder. A pids limit under it is written once they are gone (runc's init too is
+# three processes at first).
+MAKING_PROCESSES = 4
+
+
+def _low_pids(resources) -> int | None:
+    """The spec's pids limit where it is under MAKING_PROCESSES, else None."""
+    pids = resources.pids if resources is not None else None
+    return pids.limit if pids is not None and 0 < pids.limit < MAKING_PROCESSES else None
 
 
 def _stream_plan(sock, request, bundle, opts: Options, spans, cgroup=None) -> None:

@@ -3,33 +3,35 @@
  * paths baked in) from a read-only view of the interpreter (CVE-2019-5736).
  *
  * Processes of ours that a container can see before they exec (a created init, the child of
- * `sandbox exec`, an init created into a pid namespace with other tenants) are the host's
- * interpreter. A container process holding CAP_SYS_PTRACE reads past their non-dumpable
- * flag: it keeps /proc/<pid>/exe open and rewrites the host's interpreter once it is no
- * longer busy. So the interpreter is executed from a detached, read-only bind mount of
- * itself (open_tree + mount_setattr, never attached anywhere): /proc/<pid>/exe then leads to
- * a mount the kernel refuses to write through (EROFS), with no copy of the file (runc 1.2
- * seals itself the same way, with an overlay). Where the kernel refuses (not root, a kernel
- * before 5.12) the interpreter runs as it is, and sandbox/sealed.py re-executes the verbs
- * that reach a container from a sealed memfd copy instead.
+ * `sandbox exec`, a server's builder in a container's pid namespace) must not be host files
+ * the container could write: a container process holding CAP_SYS_PTRACE reads past their
+ * non-dumpable flag, keeps /proc/<pid>/exe open and rewrites the file once it is no longer
+ * busy. So exec, create and run re-execute this program, and a server (`serve`) runs the
+ * interpreter, from a detached read-only bind mount of the file (open_tree + mount_setattr,
+ * attached nowhere): /proc/<pid>/exe then leads to a mount the kernel refuses to write
+ * through (EROFS), with no copy (runc 1.2 seals itself the same way, with an overlay). Where
+ * the kernel refuses that (not root, a kernel before 5.12), from a copy in a sealed memfd
+ * (runc 1.1's way). Other verbs run the interpreter from the read-only view where they can.
  *
  * A verb that starts no process of the container's (state, kill, delete, start, ...: the
  * warm server's SERVED) is first offered to the warm server (sandbox/hook_server.py, at
  * $SANDBOX_SERVER or /run/gpu-sandbox/hook.sock; SANDBOX_SERVER= never; where none listens
  * and the caller is the node's root, one is started, sandbox/server_connect.h): the request carries
- * the command line, the cwd, the umask and the environment, and this process's stdin, stdout
- * and stderr as SCM_RIGHTS, so the server's forked child writes where the verb would, and
- * the exit code comes back. No Python starts here. Where the server is of no use (none
- * listens, it is not root's, it declines, a full queue for a second, no answer in TAKE_UP_S,
- * an argument that is not UTF-8) the verb runs here as before; once it has taken the verb up
+ * the command line, the cwd, the umask and the environment (a byte that is not UTF-8 as
+ * Python's surrogateescape reads it), and this process's stdin, stdout and stderr as
+ * SCM_RIGHTS (a closed one is /dev/null first, as under runc), so the server's forked child
+ * writes where the verb would, and the exit code comes back. No Python starts here. Where the
+ * server is of no use (none listens, it is not root's, it declines, a full queue for a
+ * second, no answer in TAKE_UP_S) the verb runs in our Python; once it has taken the verb up
  * ({"running"}, exec's plan), its death is one line and exit 1, never a second run (the
  * request, the engine's environment, is blanked before it is freed: the heap is what a
- * served create's pid 1 starts with). `exec`, `create` and `run` go the same way after this
- * program has re-executed itself from a read-only view of itself: the server answers with a
- * plan that frontend.c carries out in this process tree (sandbox/exec_frontend.py,
- * sandbox/create_frontend.py); where no server is of use, a planner of our own does
- * (own_planner: `serve --once` on a socketpair, the same wire). SANDBOX_SERVER= (empty):
- * neither, every verb in our own Python.
+ * served create's pid 1 starts with).
+ *
+ * `exec`, `create` and `run` are never run in Python: the server answers with a plan that
+ * frontend.c carries out in this process tree (sandbox/exec_frontend.py,
+ * sandbox/create_frontend.py); where the server is of no use (or SANDBOX_SERVER= is empty),
+ * a planner of our own does (own_planner: `serve --once` on a socketpair, the same wire and
+ * code), and where it declines too (not the node's root), the verb fails with its reason.
  *
  * sandbox/launcher.py builds this file with SANDBOX_PYTHON (the interpreter, as argv[0]
  * names it), SANDBOX_CODE (the program for -c), SANDBOX_SERVED and SANDBOX_GLOBAL_VALUES
@@ -45,6 +47,8 @@
 #include <string.h>
 #include <limits.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -80,7 +84,7 @@ static int verb_at(int argc, char **argv) {
 
 static int json_strings(struct buf *b, char **v, int n) {
     for (int i = 0; i < n; i++)
-        if ((i && put(b, ", ", 2)) || !utf8((unsigned char *)v[i], strlen(v[i])) || json_string(b, v[i], strlen(v[i])))
+        if ((i && put(b, ", ", 2)) || json_string(b, v[i], strlen(v[i])))
             return -1;
     return 0;
 }
@@ -122,47 +126,68 @@ static int own_planner(void) {
     return sv[0];
 }
 
-/* The request (command line, cwd, umask, environment; stdio as SCM_RIGHTS) sent to the warm
- * server, or for a plan (exec, create, run) where none is of use to a planner of our own:
- * the connection, or -1 where there is none to use. */
-static int send_request(int argc, char **argv, int plan) {
-    const char *path = server_path();
-    for (int fd = 0; fd < 3; fd++)
-        if (fcntl(fd, F_GETFD) < 0) return -1; /* a closed stdio: as Python copes with it */
+/* The request (command line, cwd, umask, environment; stdio as SCM_RIGHTS) sent on s, a
+ * connection to the warm server or to a planner of our own: s, or -1 (s closed) where it
+ * could not be sent. */
+static int send_request(int s, int argc, char **argv) {
     char cwd[PATH_MAX], mask[16];
-    if (getcwd(cwd, sizeof cwd) == NULL) return -1;
+    if (s < 0 || getcwd(cwd, sizeof cwd) == NULL) {
+        if (s >= 0) close(s);
+        return -1;
+    }
     mode_t old = umask(0);
     umask(old);
     snprintf(mask, sizeof mask, "%u", (unsigned)old);
     int n = 0;
     while (environ[n]) n++;
-    struct buf req = {0};
+    struct buf req = {.max = PLAN_MAX_FILE};
     if (put(&req, "{\"verb\": [", 10) || json_strings(&req, argv + 1, argc - 1) || put(&req, "], \"cwd\": ", 10)
-        || !utf8((unsigned char *)cwd, strlen(cwd)) || json_string(&req, cwd, strlen(cwd))
+        || json_string(&req, cwd, strlen(cwd))
         || put(&req, ", \"umask\": ", 11) || put(&req, mask, strlen(mask)) || put(&req, ", \"env\": [", 10)
         || json_strings(&req, environ, n) || put(&req, "], \"program\": ", 14)
         || json_string(&req, SANDBOX_CODE, strlen(SANDBOX_CODE)) || put(&req, "}", 1)) {
         buf_free(&req);
+        close(s);
+        errno = E2BIG;
         return -1;
     }
-    char *self[] = {"/proc/self/exe"}; /* (a server started here is this program's `serve`) */
-    int s = *path ? server_connect(path, self, 1) : -1;
-    if (s < 0 && plan && *path) s = own_planner(); /* (SANDBOX_SERVER=: neither, the verb in our Python) */
-    int fds[3] = {0, 1, 2};
+    /* one message, or one bigger than that in a memfd ("memfd", its fd first: as a plan) */
+    int fds[4] = {-1, 0, 1, 2}, first = 1;
+    const char *data = req.p;
+    size_t len = req.n;
+    if (req.n > PLAN_MAX_MESSAGE) {
+        fds[0] = memfd_create("request", MFD_CLOEXEC);
+        if (fds[0] < 0 || write(fds[0], req.p, req.n) != (ssize_t)req.n) {
+            if (fds[0] >= 0) close(fds[0]);
+            buf_free(&req);
+            close(s);
+            return -1;
+        }
+        first = 0, data = "memfd", len = 6;
+    }
     union { char buf[CMSG_SPACE(sizeof fds)]; struct cmsghdr align; } control;
-    struct iovec iov = {.iov_base = req.p, .iov_len = req.n};
+    struct iovec iov = {.iov_base = (void *)data, .iov_len = len};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
-                         .msg_controllen = sizeof control.buf};
+                         .msg_controllen = CMSG_SPACE((4 - first) * sizeof(int))};
     struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof fds);
-    memcpy(CMSG_DATA(c), fds, sizeof fds);
-    if (s < 0 || sendmsg(s, &msg, 0) != (ssize_t)req.n) {
-        if (s >= 0) close(s);
+    c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN((4 - first) * sizeof(int));
+    memcpy(CMSG_DATA(c), fds + first, (4 - first) * sizeof(int));
+    ssize_t sent = sendmsg(s, &msg, 0);
+    if (fds[0] >= 0) close(fds[0]);
+    if (sent != (ssize_t)len) {
+        close(s);
         buf_free(&req);
         return -1;
     }
     buf_free(&req); /* (the engine's environment: blanked, not left in the heap pid 1 starts with) */
     return s;
+}
+
+/* A connection to the node's warm server (one started where none listens and we are the
+ * node's root, server_connect.h), or -1. */
+static int server(void) {
+    char *self[] = {"/proc/self/exe"}; /* (a server started here is this program's `serve`) */
+    return *server_path() ? server_connect(server_path(), self, 1) : -1;
 }
 
 static void set_deadline(int s, int seconds) {
@@ -177,9 +202,9 @@ static void set_deadline(int s, int seconds) {
  * answers just then: from it on, the server's sends fail (its child then gives up before the
  * verb has any effect), and what it sent before is still there to read, with *late set: no
  * more can come, so nothing taken up can then be waited for. */
-static ssize_t first_answer(int s, char *buf, size_t cap, int *fds, int *nfds, int *late) {
+static ssize_t first_answer(int s, char *buf, size_t cap, int *fds, int *nfds, int *late, int seconds) {
     *late = 0;
-    set_deadline(s, TAKE_UP_S);
+    set_deadline(s, seconds);
     ssize_t r = recv_plan(s, buf, cap, fds, nfds, 0);
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         shutdown(s, SHUT_RD);
@@ -193,11 +218,11 @@ static ssize_t first_answer(int s, char *buf, size_t cap, int *fds, int *nfds, i
 /* The verb run by the warm server's child: its exit code, or -1 where the server is of no use
  * (nothing has happened: the verb runs here). */
 static int served(int argc, char **argv) {
-    int s = send_request(argc, argv, 0);
+    int s = send_request(server(), argc, argv);
     if (s < 0) return -1;
     char reply[4096];
     int fds[MAX_FDS], nfds = 0, late;
-    ssize_t r = first_answer(s, reply, sizeof reply - 1, fds, &nfds, &late);
+    ssize_t r = first_answer(s, reply, sizeof reply - 1, fds, &nfds, &late, TAKE_UP_S);
     for (int i = 0; i < nfds; i++) close(fds[i]); /* (none is sent with a verb's answer) */
     if (r < 0 || field(reply, "fallback")) { /* never taken up: here */
         close(s);
@@ -229,22 +254,27 @@ static int served(int argc, char **argv) {
     return (int)(v & 0xff);
 }
 
-/* exec, create or run, planned by the server and carried out here (frontend.c): its exit code,
- * or -1 where the server is of no use (nothing has happened yet: the verb runs in Python).
- * create and run are taken up ({"running"}) before the server's child claims the id: from
- * then on the verb is never run again here, and the server's death is an error (issue #29:
- * a worker killed mid-create had Python's create say "already exists"); exec's plan is its
- * taking up (nothing happens before it is carried out here). */
-static int served_plan(int argc, char **argv, int at) {
+/* exec, create or run, planned by the warm server (own = 0) or by a planner of our own
+ * (own = 1), and carried out here (frontend.c): its exit code, or -1 where the server is of
+ * no use (nothing has happened yet: our own planner is asked next; our own planner's -1 is
+ * said here). create and run are taken up ({"running"}) before the planner's child claims
+ * the id: from then on the verb is never planned again, and the planner's death is an
+ * error (issue #29); exec's plan is its taking up (nothing happens before it is carried out
+ * here). Our own planner has no deadline: it is ours, and its death is the EOF we read. */
+static int served_plan(int argc, char **argv, int at, int own) {
     const char *verb = argv[at];
-    int s = send_request(argc, argv, 1);
+    int s = send_request(own ? own_planner() : server(), argc, argv);
+    if (s < 0 && own) {
+        fprintf(stderr, "sandbox %s: cannot ask its planner: %s\n", verb, strerror(errno));
+        return 1;
+    }
     if (s < 0) return -1;
     char *buf = malloc(MAX_REQUEST + 1);
-    int fds[MAX_FDS], nfds = 0, late = 0, taken = 0;
-    ssize_t r = buf != NULL ? first_answer(s, buf, MAX_REQUEST, fds, &nfds, &late) : -1;
+    int fds[MAX_FDS], nfds = 0, late = 0;
+    ssize_t r = buf != NULL ? first_answer(s, buf, MAX_REQUEST, fds, &nfds, &late, own ? 0 : TAKE_UP_S) : -1;
     if (r > 0 && late && !field(buf, "code")) {
         /* too late to be waited for: a plan is not carried out (the server's child sees our EOF
-         * before any report: nothing happened, the verb runs in Python); a create taken up
+         * before any report: nothing happened, our own planner plans it); a create taken up
          * fails at the server's next send and removes what it made */
         for (int i = 0; i < nfds; i++) close(fds[i]);
         if (field(buf, "running")) {
@@ -255,13 +285,18 @@ static int served_plan(int argc, char **argv, int at) {
         }
         r = -1;
     }
-    if (r < 0) {
+    if (r < 0 || (r > 0 && field(buf, "fallback"))) { /* never taken up */
+        const char *why = r > 0 ? field(buf, "fallback") : NULL;
+        if (own && why) /* ({"fallback": "WHY"}: WHY, its quotes and brace off) */
+            fprintf(stderr, "sandbox %s: its planner declined: %.*s\n", verb, (int)(strlen(why) > 3 ? strlen(why) - 3 : 0),
+                    why + 1);
+        else if (own && r < 0) fprintf(stderr, "sandbox %s: its planner exited before it answered\n", verb);
+        for (int i = 0; r > 0 && i < nfds; i++) close(fds[i]);
         close(s);
         free(buf);
-        return -1; /* never taken up, or a plan too big for us: the verb in Python */
+        return own ? 1 : -1;
     }
     if (strncmp(buf, "plan", 4) && strncmp(buf, "clone", 5) && field(buf, "running")) {
-        taken = 1;
         r = recv_plan(s, buf, MAX_REQUEST, fds, &nfds, 0); /* no deadline: the id, cgroups (systemd's) first */
         if (r <= 0) {
             fprintf(stderr, "sandbox %s: the server died before it answered\n", verb);
@@ -281,33 +316,77 @@ static int served_plan(int argc, char **argv, int at) {
     if (strncmp(records, "plan", 4) == 0) return frontend_exec(s, records, n, fds, nfds, argv);
     if (strncmp(records, "clone", 5) == 0) return frontend_create(s, records, n, fds, nfds, argv, at);
     for (int i = 0; i < nfds; i++) close(fds[i]);
-    close(s); /* {"fallback"}, or {"code"}: the error already printed */
-    int code = field(buf, "fallback") && !taken ? -1 : (field(buf, "code") ? atoi(field(buf, "code")) & 0xff : 1);
+    close(s); /* {"code"}: the error already printed; a {"fallback"} after {"running"}: none */
+    int code = field(buf, "code") ? atoi(field(buf, "code")) & 0xff : 1;
     free(buf);
     return code;
 }
 
-/* Whether this very program runs from a read-only mount (a sealed view of itself). */
+#define SEALS (F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE)
+
+/* Whether this very program runs from a file no one can write: a read-only mount (a sealed
+ * view of itself), or a memfd sealed against writes (seal's copy). */
 static int sealed(void) {
     struct statvfs st;
-    return statvfs("/proc/self/exe", &st) == 0 && (st.f_flag & ST_RDONLY);
+    if (statvfs("/proc/self/exe", &st) == 0 && (st.f_flag & ST_RDONLY)) return 1;
+    int fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
+    if (fd >= 0) close(fd);
+    return seals >= 0 && (seals & SEALS) == SEALS;
 }
 
-/* This program again, from a detached read-only bind of itself (as the interpreter below):
- * the exec front end joins the container before it execs, and must not be a host file the
- * container could write. Returns only where the kernel refuses. */
-static void seal(char **argv) {
-    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, "/proc/self/exe", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-    if (fd < 0) return;
+/* path as a file no one can write, to execute: a detached read-only bind mount of it
+ * (open_tree + mount_setattr, attached nowhere), or where the kernel refuses that (no
+ * CAP_SYS_ADMIN, a kernel before 5.12) a copy in a sealed memfd named name (runc 1.1's
+ * way). The fd, or -1. */
+static int sealed_file(const char *path, const char *name) {
+    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
     struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
-    if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) == 0)
-        syscall(SYS_execveat, fd, "", argv, environ, AT_EMPTY_PATH);
-    close(fd);
+    if (fd >= 0 && syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) == 0) return fd;
+    if (fd >= 0) close(fd);
+    int in = open(path, O_RDONLY | O_CLOEXEC);
+    int mem = in >= 0 ? memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING) : -1;
+    struct stat st;
+    int ok = mem >= 0 && fstat(in, &st) == 0;
+    for (off_t left = ok ? st.st_size : 0; ok && left > 0;) {
+        ssize_t n = sendfile(mem, in, NULL, (size_t)left);
+        if (n <= 0) ok = 0;
+        else left -= n;
+    }
+    if (in >= 0) close(in);
+    if (ok && fcntl(mem, F_ADD_SEALS, SEALS) == 0) return mem;
+    if (mem >= 0) close(mem);
+    return -1;
+}
+
+/* This program again, from a sealed view of itself: the exec front end joins the container
+ * before it execs, and must not be a host file the container could write. Returns only
+ * where that fails. */
+static void seal(char **argv) {
+    int fd = sealed_file("/proc/self/exe", "sandbox");
+    if (fd >= 0) syscall(SYS_execveat, fd, "", argv, environ, AT_EMPTY_PATH);
+}
+
+/* Whether the verb is the server's (`serve`, `hook serve`): its children build containers'
+ * roots in their namespaces, from our interpreter. */
+static int serves(int argc, char **argv, int at) {
+    return at && (!strcmp(argv[at], "serve") || (!strcmp(argv[at], "hook") && at + 1 < argc && !strcmp(argv[at + 1], "serve")));
+}
+
+/* stdin, stdout and stderr open: a closed one is /dev/null, as runc's gives the container
+ * (Go's exec does), and no file we open takes its number. */
+static void open_stdio(void) {
+    for (int fd = 0; fd < 3; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+            int null = open("/dev/null", O_RDWR);
+            if (null >= 0 && null != fd) close(null); /* (a lower one was closed too, and now is null) */
+        }
 }
 
 int main(int argc, char **argv)
 {
     signal(SIGCHLD, SIG_DFL); /* (a caller's SIG_IGN would have waitpid fail: Python's too) */
+    open_stdio();
     int at = verb_at(argc, argv);
     const char *verb = at ? argv[at] : NULL;
     if (verb && listed(served_verbs, verb)) {
@@ -315,14 +394,15 @@ int main(int argc, char **argv)
         if (code >= 0)
             return code;
     }
-    if (verb && (!strcmp(verb, "exec") || !strcmp(verb, "create") || !strcmp(verb, "run")) && *server_path()) {
+    if (verb && (!strcmp(verb, "exec") || !strcmp(verb, "create") || !strcmp(verb, "run"))) {
         if (!sealed())
             seal(argv);
-        if (sealed()) {
-            int code = served_plan(argc, argv, at);
-            if (code >= 0)
-                return code;
+        if (!sealed()) {
+            fprintf(stderr, "sandbox %s: cannot run from a sealed copy of itself: %s\n", verb, strerror(errno));
+            return 1;
         }
+        int code = served_plan(argc, argv, at, 0);
+        return code >= 0 ? code : served_plan(argc, argv, at, 1);
     }
     char **args = calloc((size_t)argc + 4, sizeof *args);
     if (args == NULL)
@@ -333,14 +413,16 @@ int main(int argc, char **argv)
     args[3] = SANDBOX_CODE;
     for (int i = 1; i < argc; i++)
         args[i + 3] = argv[i];
-
+    /* the interpreter from a read-only view of itself; a server's (whose children enter
+     * containers) from a sealed copy where the kernel refuses that view */
     int fd = (int)syscall(SYS_open_tree, AT_FDCWD, SANDBOX_PYTHON, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-    if (fd >= 0) {
-        struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
-        if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) == 0)
-            syscall(SYS_execveat, fd, "", args, environ, AT_EMPTY_PATH);
+    struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
+    if (fd >= 0 && syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0) {
         close(fd);
+        fd = -1;
     }
+    if (fd < 0 && serves(argc, argv, at)) fd = sealed_file(SANDBOX_PYTHON, "sandbox-python");
+    if (fd >= 0) syscall(SYS_execveat, fd, "", args, environ, AT_EMPTY_PATH);
     execv(SANDBOX_PYTHON, args);
     fprintf(stderr, "sandbox: cannot execute %s: %s\n", SANDBOX_PYTHON, strerror(errno));
     return 127;

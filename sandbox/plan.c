@@ -3,9 +3,6 @@
  * writes them. */
 #include "executor.h"
 
-/* a plan sent in a memfd ("memfd", its fd first): at most this many bytes */
-#define MAX_PLAN_FILE (64 << 20)
-
 static unsigned long long hex(const char *s) { return strtoull(s, NULL, 16); }
 
 static const char *next_item(const char **p, const char *end) {
@@ -20,7 +17,7 @@ const char *plan_records(const char *buf, size_t *n, int *fds, int *nfds) {
     if (*n != 6 || memcmp(buf, "memfd", 6) || *nfds < 1) return buf;
     struct stat st;
     char *file = NULL;
-    int ok = fstat(fds[0], &st) == 0 && st.st_size > 0 && st.st_size <= MAX_PLAN_FILE
+    int ok = fstat(fds[0], &st) == 0 && st.st_size > 0 && st.st_size <= PLAN_MAX_FILE
              && (file = malloc((size_t)st.st_size + 1)) != NULL && pread(fds[0], file, (size_t)st.st_size, 0) == st.st_size;
     close(fds[0]);
     memmove(fds, fds + 1, (size_t)(*nfds - 1) * sizeof *fds);

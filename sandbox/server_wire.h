@@ -11,7 +11,7 @@
  * sandbox/wire.py's, in the header sandbox/launcher.py builds every C program with */
 #include SANDBOX_CONFIG
 
-struct buf { char *p; size_t n, cap; };
+struct buf { char *p; size_t n, cap, max; }; /* (max: bytes it may grow to; 0: MAX_REQUEST) */
 
 /* Grown by a copy, the old block blanked before it is freed (never realloc): a request holds
  * the caller's environment, and the launcher's heap is what the container's pid 1 and
@@ -35,7 +35,7 @@ static inline int put_max(struct buf *b, const char *s, size_t n, size_t max) {
     return 0;
 }
 
-static inline int put(struct buf *b, const char *s, size_t n) { return put_max(b, s, n, MAX_REQUEST); }
+static inline int put(struct buf *b, const char *s, size_t n) { return put_max(b, s, n, b->max ? b->max : MAX_REQUEST); }
 
 /* The buffer blanked and freed (see put_max). */
 static inline void buf_free(struct buf *b) {
@@ -44,37 +44,45 @@ static inline void buf_free(struct buf *b) {
     b->p = NULL, b->n = b->cap = 0;
 }
 
-/* UTF-8 as Python's strict decoder takes it (the server decodes the request so), no NUL:
- * no overlong forms, no surrogates, nothing past U+10FFFF. */
-static inline int utf8(const unsigned char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        unsigned char c = s[i];
-        size_t k = c < 0x80 ? 0 : c >= 0xc2 && c <= 0xdf ? 1 : (c & 0xf0) == 0xe0 ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 9;
-        if (c == 0 || k == 9 || (k && i + k >= n)) return 0;
-        for (size_t j = 1; j <= k; j++)
-            if ((s[i + j] & 0xc0) != 0x80) return 0;
-        unsigned char d = k ? s[i + 1] : 0;
-        if ((c == 0xe0 && d < 0xa0) || (c == 0xed && d > 0x9f) || (c == 0xf0 && d < 0x90) || (c == 0xf4 && d > 0x8f))
-            return 0;
-        i += k + 1;
-    }
-    return 1;
+/* The length of the UTF-8 sequence at s[0] as Python's strict decoder takes it (no overlong
+ * form, no surrogate, nothing past U+10FFFF; n bytes left), or 0 where none starts there. */
+static inline size_t utf8_seq(const unsigned char *s, size_t n) {
+    unsigned char c = s[0];
+    size_t k = c < 0x80 ? 0 : c >= 0xc2 && c <= 0xdf ? 1 : (c & 0xf0) == 0xe0 ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 9;
+    if (k == 9 || k >= n) return 0;
+    for (size_t j = 1; j <= k; j++)
+        if ((s[j] & 0xc0) != 0x80) return 0;
+    unsigned char d = k ? s[1] : 0;
+    if ((c == 0xe0 && d < 0xa0) || (c == 0xed && d > 0x9f) || (c == 0xf0 && d < 0x90) || (c == 0xf4 && d > 0x8f))
+        return 0;
+    return k + 1;
 }
 
+/* s (n bytes) as a JSON string. A byte that starts no UTF-8 sequence is written as Python's
+ * surrogateescape reads it back (\udcXX: os.fsencode gives the byte again), so that any
+ * argument, path, variable or state goes to the server as it is, as it would to Python. */
 static inline int json_string(struct buf *b, const char *s, size_t n) {
     char esc[8];
     if (put(b, "\"", 1)) return -1;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)s[i];
+        size_t k = utf8_seq((const unsigned char *)s + i, n - i);
+        int r;
         if (c == '"' || c == '\\') {
             esc[0] = '\\', esc[1] = (char)c;
-            if (put(b, esc, 2)) return -1;
+            r = put(b, esc, 2);
         } else if (c < 0x20) {
             snprintf(esc, sizeof esc, "\\u%04x", c);
-            if (put(b, esc, 6)) return -1;
-        } else if (put(b, (const char *)&s[i], 1)) {
-            return -1;
+            r = put(b, esc, 6);
+        } else if (k == 0) {
+            snprintf(esc, sizeof esc, "\\udc%02x", c);
+            r = put(b, esc, 6);
+            k = 1;
+        } else {
+            r = put(b, s + i, k);
         }
+        if (r) return -1;
+        i += k;
     }
     return put(b, "\"", 1);
 }

@@ -271,7 +271,7 @@ def test_sweep_run_leaves_nothing_behind(tmp_path_factory, field, value, gpu):
 # in Python and served alike (the warm server: tests/integration/test_served.py), and nothing left
 
 LAUNCHER = Path(__file__).resolve().parents[2] / ".venv/bin/sandbox"
-MODES = ["python", "served"]
+MODES = ["own", "served"]
 
 
 @pytest.fixture(scope="module")
@@ -323,7 +323,6 @@ BAD_INPUT = [  # (config.json's changes, the words of the one line)
     ({"hostname": "h" * 65}, ["config.json: hostname: 65 bytes is over the kernel's limit of 64"]),
     ({"linux__sysctl": {"net.ipv4.nope_nope": "1"}},
      ["linux.sysctl: 'net.ipv4.nope_nope': no such sysctl in the container's namespaces"]),
-    ({"linux__resources__pids": {"limit": 1}}, ["linux.resources.pids.limit: 1 is too low"]),
     ({"process__user__additionalGids": list(range(1, 70001))},
      ["config.json: process.user.additionalGids: 70000 groups is over the kernel's limit of 65536"]),
     ({"process__rlimits": [{"type": "RLIMIT_NOFILE", "hard": 2**63, "soft": 2**63}]},  # (over fs.nr_open)
@@ -405,13 +404,15 @@ def test_a_sysctl_of_an_interface_with_a_dot(mode, warm, make_bundle, tmp_path, 
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("limit", [2, 3])
+@pytest.mark.parametrize("limit", [1, 2, 3])
 def test_a_low_pids_limit_the_runtime_fits_in_runs(mode, limit, warm, make_bundle, tmp_path):
-    """A served create has four processes in the container's cgroup (the launcher, pid 1, the
-    gofer, its builder): under 4 it is declined, and Python's (two) runs it ("[Errno 11]")."""
-    bundle = _bundle(make_bundle, process__args=["sh", "-c", "echo ok"], linux__resources__pids={"limit": limit})
+    """A create has four processes in the container's cgroup while it is made (the launcher,
+    pid 1, the gofer, its builder): a lower limit is written once they are gone, and holds
+    for the container (a limit of 1: its shell cannot fork)."""
+    bundle = _bundle(make_bundle, process__args=["sh", "-c", "echo ok; read m </sys/fs/cgroup/pids/pids.max; echo $m; (true) && echo forked"],
+                     linux__resources__pids={"limit": limit})
     r = launcher(mode, warm, "--root", tmp_path / "state", "run", "-b", bundle, unique("pids"))
-    assert (r.returncode, r.stdout, r.stderr) == (0, "ok\n", "")
+    assert r.stdout.split() == ["ok", str(limit), *(["forked"] if limit > 1 else [])], r.stderr
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -456,6 +457,20 @@ def _comm(pid: int) -> str:
         return ""
 
 
+def _planners(mode: str, warm) -> list[int]:
+    """The processes under the planner of ``mode``: the warm server, or an own planner."""
+    if mode == "served":
+        return _descendants(warm.proc.pid)
+    tops = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and Path(f"/proc/{entry}/cmdline").read_bytes().endswith(b"\0serve\0--once\0"):
+                tops.append(int(entry))
+        except OSError:
+            pass
+    return [pid for top in tops for pid in _descendants(top)]
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_create_whose_gofer_is_killed_says_so(mode, warm, make_bundle, tmp_path, rootfs_debian):
     """The gofer (and pid 1 with it) SIGKILLed while a prestart hook runs: the supervisor's
@@ -468,12 +483,12 @@ def test_a_create_whose_gofer_is_killed_says_so(mode, warm, make_bundle, tmp_pat
     with open(tmp_path / "create.err", "w+") as err:
         p = subprocess.Popen([str(LAUNCHER), "--root", str(tmp_path / "state"), "create", "-b", str(bundle), unique("k")],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env)
-        # ours only: the launcher's descendants, or (served) the warm server's (the test's own)
-        top = warm.proc.pid if mode == "served" else p.pid
+        # ours only: the warm server's descendants (the test's own), or the launcher's own
+        # planner's (`serve --once`, detached from it)
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not any(_comm(c) == "sleep" for c in _descendants(top)):
+        while time.monotonic() < deadline and not any(_comm(c) == "sleep" for c in _planners(mode, warm)):
             time.sleep(0.02)
-        for pid in _descendants(top):
+        for pid in _planners(mode, warm):
             if _comm(pid) == "sandbox-gofer":
                 os.kill(pid, signal.SIGKILL)
         assert p.wait(timeout=30) == 1
@@ -517,7 +532,7 @@ def test_a_negative_preserve_fds_starts_nothing(mode, warm, make_bundle, tmp_pat
         one_line(r, 2, "--env 'FOO': expected NAME=VALUE")
         assert "ran" not in r.stdout
     finally:
-        launcher("python", warm, "--root", root, "delete", "--force", live)
+        launcher("own", warm, "--root", root, "delete", "--force", live)
 
 
 @pytest.mark.parametrize("preserve", ["-4", "-1", "x", "", "0"])

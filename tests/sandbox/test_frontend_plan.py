@@ -78,7 +78,7 @@ def test_a_plan_of_any_size_both_sides(parser, tmp_path):
     hooks = [hook(path="/bin/true", args=["t"] * 50, env=["A=1"])] * 100
     big = records(p)[:-1] + fp.hook_records(hooks, b"{}") + records(p)[-1:]
     data = fp.encode(big)
-    assert len(data) > fp.MAX_PLAN
+    assert len(data) > fp.MAX_MESSAGE
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with a, b:
         fp.send(a, big, [])

@@ -71,11 +71,23 @@ def test_a_server_that_dies_is_one_line(client, tmp_path):
     assert r.returncode == 1 and r.stderr.decode() == f"sandbox hook: the hook server at {path} died before it answered\n"
 
 
-@pytest.mark.parametrize("case", ["no server", "trace", "not utf-8", "a surrogate", "overlong", "2 MB", "declined"])
+@pytest.mark.parametrize("extra", [b"\xff", b"\xed\xa0\x80", b"\xe0\x80\xaf", "\u00e9\U0001f600".encode(), b"\0\x01"])
+def test_a_state_that_is_not_utf8_goes_as_python_reads_it(extra, client, tmp_path):
+    """A byte that starts no UTF-8 sequence (a lone one, a surrogate's, an overlong form) is
+    sent as surrogateescape's \\udcXX: the server's Python gets the very bytes back."""
+    path = tmp_path / "s.sock"
+    t, got = serve_once(path, b'{"code": 0, "error": ""}')
+    state = STATE.encode() + extra
+    r = hook(client, path, state)
+    t.join(10)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(got["request"])["stdin"].encode("utf-8", "surrogateescape") == state
+
+
+@pytest.mark.parametrize("case", ["no server", "trace", "2 MB", "declined"])
 def test_otherwise_the_python_hook_runs_with_the_state(case, client, tmp_path):
     path = tmp_path / "s.sock"
-    state = STATE.encode() + {"not utf-8": b"\xff", "a surrogate": b"\xed\xa0\x80", "overlong": b"\xe0\x80\xaf",
-                              "2 MB": b" " * (2 << 20)}.get(case, b"")
+    state = STATE.encode() + {"2 MB": b" " * (2 << 20)}.get(case, b"")
     if case == "declined":  # the server tells it to do the work itself
         t, got = serve_once(path, b'{"fallback": "arguments only the hook itself reads"}')
     if case == "trace":  # a server that would answer, never asked
