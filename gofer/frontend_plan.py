@@ -96,8 +96,8 @@ def seccomp_records(spec: Seccomp, no_new_privileges: bool) -> list[str]:
 
 
 def listener_records(spec: Seccomp, pid: int, state: dict) -> list[str]:
-    """The message gofer.seccomp.Filter.load sends the agent with the notification fd (the
-    listener's connection follows), for frontend.c to send: the pid as the host sees it
+    """The message the agent is sent with the notification fd (gofer.seccomp.listener_message;
+    the listener's connection follows), for frontend.c to send: the pid as the host sees it
     (0: exec's process, whose pid only the launcher learns) apart, the rest as it is."""
     from gofer.seccomp import listener_message
 

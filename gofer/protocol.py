@@ -4,15 +4,16 @@
 
     supervisor                                   gofer
     ----------                                   -----
-    Start(spec, rootfs, ...)   ------------>     prctl, unshare, fork pid 1 if asked,
-                                                 rootfs bind, spec mounts, devices
+    Start(spec, rootfs, ...)   ------------>     the launcher makes pid 1 (remote_init.clone),
+                                                 the builder joins it: rootfs, spec mounts, devices
     Device/Library/Symlink/... ------------>     each applied as it arrives
     End                        ------------>     ld.so.cache
       (only with hooks_pause)  <------------     Paused(pid)
     run prestart/createRuntime hooks
-    Resume                     ------------>     createContainer hooks, pivot_root, masks, user
-                               <------------     Ready(spans, pid), then exec (run), or
-                                                 wait on the exec FIFO until start (create)
+    Resume                     ------------>     createContainer hooks, pivot_root, masks; pid 1
+                                                 gets its process and becomes the user
+                               <------------     Ready(spans, pid), then exit (pid 1 waits on
+                                                 the exec FIFO until start)
                          (or)  <------------     Error(message, code, op, path), then exit code
 
 Every frame is one tagged Struct (``kind``) validated on decode; a frame that does not
@@ -44,14 +45,11 @@ class Start(msgspec.Struct, frozen=True, tag_field="kind", tag="start"):
     overlay_root: bool = False  # GPU files follow: give the whole root a private overlay first
     scratch_size: str | None = None  # size cap of the tmpfs under our overlays (None: Root's)
     id: str = ""
-    exec_fifo: str | None = None  # create: the init waits on this FIFO until start
+    exec_fifo: str = ""  # the init waits on this FIFO until start
     console_socket: str | None = None  # a new pty; its master goes to this socket
-    detached: bool = False  # create: the init outlives us (no PDEATHSIG tie to us)
-    preserve_fds: Annotated[int, msgspec.Meta(ge=0)] = 0  # fds 3 .. 3+N-1 of ours pass on to the container
+    preserve_fds: Annotated[int, msgspec.Meta(ge=0)] = 0  # the launcher's fds 3 .. 3+N-1 pass on to the container
     hooks_pause: bool = False  # stop before pivot_root for the runtime-namespace hooks
-    cgroup_created: list[str] = []  # what to remove if the supervisor dies under a running pid 1
-    state_dir: str | None = None  # sandbox run's state directory: removed with them
-    launcher_fd: int | None = None  # served create: our fd of the launcher's connection (gofer/remote_init.py)
+    launcher_fd: int = -1  # our fd of the launcher's connection (gofer/remote_init.py)
 
 
 class Resume(msgspec.Struct, frozen=True, tag_field="kind", tag="resume"):

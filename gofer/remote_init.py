@@ -156,7 +156,7 @@ def hand_over(chan: socket.socket, init: int, spec: Spec, bpf: bytes | None, fif
     any, raised as its own. ``ready`` runs without privileges (shed_privileges)."""
     proc = spec.process
     assert proc is not None  # (create refuses a spec without one before this)
-    entry = process.look_up(proc, enter=False)
+    entry = process.look_up(proc)
     # pivot_root took pid 1's root along only if it was the namespace's root (a launcher
     # chrooted, even into a bind of "/", would leave it the host's): pid 1 checks that its
     # root is ours ("root"), or nothing goes on (we could not look: in a user namespace its
@@ -166,9 +166,8 @@ def hand_over(chan: socket.socket, init: int, spec: Spec, bpf: bytes | None, fif
                "fifo"]
     fds = [fifo]
     try:
-        if entry.cwd is not None:
-            records.append(f"cwd {proc.cwd}")
-            fds.append(entry.cwd)
+        records.append(f"cwd {proc.cwd}")
+        fds.append(entry.cwd)
         if bpf is not None and spec.linux.seccomp is not None:
             fds.append(seccomp_memfd(bpf))
             records += seccomp_records(spec.linux.seccomp, proc.no_new_privileges)

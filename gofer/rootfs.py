@@ -76,32 +76,6 @@ def namespace_flags(spec: Spec) -> tuple[int, list[tuple[str, str]]]:
     return flags, join
 
 
-def enter_namespaces(spec: Spec, done: int = 0) -> tuple[int, int]:
-    """Join the namespaces the spec names by path, then unshare the new ones. Returns
-    (unshared flags, joined flags): the caller forks pid 1 when a pid namespace is among
-    either (it applies to children only)."""
-    flags, join = namespace_flags(spec)
-    flags &= ~done  # (the mount namespace a user namespace's gofer made first)
-    joined = 0
-    for nstype, path in join:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise MountError(path, f"linux.namespaces: cannot open the {nstype} namespace: {e.strerror}") from None
-        try:
-            sc.setns(fd, sc.NAMESPACES[nstype], what=f"{nstype} namespace {path}")
-        finally:
-            os.close(fd)
-        joined |= sc.NAMESPACES[nstype]
-    try:
-        sc.unshare(flags)
-    except OSError as e:
-        names = ", ".join(n for n, bit in sc.NAMESPACES.items() if flags & bit)
-        hint = " (sandbox run needs root)" if e.errno == errno.EPERM else ""
-        raise MountError("linux.namespaces", f"cannot create the {names} namespaces: {e.strerror}{hint}") from None
-    return flags, joined
-
-
 def prepare_root(spec: Spec, rootfs: str, overlay: bool = False, scratch_size: str | None = None,
                  in_userns: bool = False) -> Root:
     """Make our copy of the mount tree private, then the rootfs a mount point of its own.

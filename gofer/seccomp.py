@@ -55,30 +55,6 @@ def listener_message(spec: Seccomp, pid: int, state: dict) -> bytes:
                                 "metadata": spec.listener_metadata or "", "state": state})  # frontend_plan)
 
 
-class Filter:
-    """A compiled filter, and the agent its notifications go to (if any), connected now."""
-
-    def __init__(self, spec: Seccomp):
-        self.ctx = compile_filter(spec)
-        self.spec = spec
-        self.state: dict = {}
-        self.pid = 0  # the process the filter is for, as the host sees it
-        self.listener = connect_listener(spec)
-
-    def load(self) -> None:
-        self.ctx.load()
-        if self.listener is None:
-            return
-        fd = self.ctx.notify_fd()
-        try:
-            socket.send_fds(self.listener, [listener_message(self.spec, self.pid, self.state)], [fd])
-        except OSError as e:
-            raise SandboxError(f"linux.seccomp.listenerPath: cannot send the notification fd: {e.strerror}") from None
-        finally:
-            os.close(fd)
-            self.listener.close()
-
-
 CACHE: str | None = None  # the warm server's directory of exported filters (sandbox/hook_server.py), root's alone
 MAX_CACHED = 256  # filters kept at most: past that, each is compiled as without a cache
 

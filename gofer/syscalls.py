@@ -2,8 +2,8 @@
 other is mounts/nvml.py, NVML in a forked child).
 
 Every call declares argtypes/restype, retries EINTR where the kernel may return it (mounts,
-namespaces, opens, bpf; not capset, prctl, personality, ioprio_set or sched_setattr, which
-never block), and raises ``SyscallError`` naming the operation and the path; mount errors print their flags as names (MS_BIND|MS_RDONLY), as
+namespaces, opens, bpf; not capset, which never blocks), and raises ``SyscallError`` naming
+the operation and the path; mount errors print their flags as names (MS_BIND|MS_RDONLY), as
 runc's mount errors do. x86-64 and aarch64 syscall numbers for the calls glibc 2.36 lacks
 wrappers for (openat2, pivot_root, open_tree, move_mount, fsopen, fsconfig, fsmount,
 mount_setattr).
@@ -86,18 +86,13 @@ SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
 
-# prctl(2)
-PR_CAP_AMBIENT = 47
-PR_CAP_AMBIENT_RAISE = 2
-PR_CAP_AMBIENT_CLEAR_ALL = 4
-
 _NR = {
     "x86_64": {"pivot_root": 155, "open_tree": 428, "move_mount": 429, "fsopen": 430,
                "fsconfig": 431, "fsmount": 432, "openat2": 437, "mount_setattr": 442, "setns": 308,
-               "close_range": 436, "bpf": 321, "ioprio_set": 251, "sched_setattr": 314},
+               "close_range": 436, "bpf": 321},
     "aarch64": {"pivot_root": 41, "open_tree": 428, "move_mount": 429, "fsopen": 430,
                 "fsconfig": 431, "fsmount": 432, "openat2": 437, "mount_setattr": 442, "setns": 268,
-                "close_range": 436, "bpf": 280, "ioprio_set": 30, "sched_setattr": 274},
+                "close_range": 436, "bpf": 280},
 }[os.uname().machine]
 
 _syscall = _libc.syscall
@@ -114,9 +109,6 @@ _unshare.restype = ctypes.c_int
 _setns = _libc.setns
 _setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _setns.restype = ctypes.c_int
-_prctl = _libc.prctl
-_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-_prctl.restype = ctypes.c_int
 
 
 class SyscallError(OSError):
@@ -342,10 +334,6 @@ def capset(effective: set[int], permitted: set[int], inheritable: set[int]) -> N
            f"effective={sorted(effective)} permitted={sorted(permitted)} inheritable={sorted(inheritable)}")
 
 
-def cap_ambient_raise(cap: int) -> None:
-    _check(_prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0), "prctl", f"PR_CAP_AMBIENT_RAISE {cap}")
-
-
 def close_fds(first: int, keep: set[int]) -> None:
     """Close every fd from ``first`` up but those in ``keep``: close_range(2) over the gaps
     (Linux 5.9), each fd /proc/self/fd lists on older kernels. Closed, not marked
@@ -375,71 +363,6 @@ def close_fds(first: int, keep: set[int]) -> None:
                 os.close(int(name))
             except OSError:
                 pass  # the fd listdir itself used, closed by now
-
-
-_libc.memset.argtypes, _libc.memset.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t], ctypes.c_void_p
-
-
-def hide_caller(name: bytes = b"sandbox-init") -> None:
-    """Blank the argument and environment strings /proc/<pid>/cmdline and environ read, and
-    show ``name`` (as runc's init shows "runc init"), before this process waits in a
-    container's namespaces. (It is a fresh interpreter by then, gofer/fresh.py: no copy of
-    its caller's command line or environment is left in its memory; these are our own.)"""
-    with open("/proc/self/stat", "rb") as f:
-        fields = f.read().rpartition(b")")[2].split()
-    # fields 48-51 of proc(5) (arg_start, arg_end, env_start, env_end), counted past the comm
-    arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])
-    for start, end in ((arg_start, arg_end), (env_start, env_end)):
-        if 0 < start < end:
-            _libc.memset(start, 0, end - start)
-    if arg_end - arg_start > len(name):
-        ctypes.memmove(arg_start, name, len(name))
-
-
-_personality = _libc.personality
-_personality.argtypes = [ctypes.c_ulong]
-_personality.restype = ctypes.c_int
-IOPRIO_WHO_PROCESS = 1
-
-
-def personality(persona: int) -> None:
-    _check(_personality(persona), "personality", hex(persona))
-
-
-class _Rlimit(ctypes.Structure):
-    _fields_ = [("cur", ctypes.c_uint64), ("max", ctypes.c_uint64)]
-
-
-_prlimit = _libc.prlimit
-_prlimit.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_Rlimit), ctypes.POINTER(_Rlimit)]
-_prlimit.restype = ctypes.c_int
-
-
-def setrlimit(resource: int, soft: int, hard: int) -> None:
-    """This process's limit, the values as the kernel takes them (unsigned 64 bits; 2^64-1 is
-    RLIM_INFINITY): Python's resource.setrlimit refuses anything from 2^63 up."""
-    _check(_prlimit(0, resource, ctypes.byref(_Rlimit(soft, hard)), None), "setrlimit", f"{resource}")
-
-
-def ioprio_set(ioclass: int, priority: int) -> None:
-    """This process's I/O scheduling class and priority (ioprio_set(2))."""
-    res = _syscall(ctypes.c_long(_NR["ioprio_set"]), ctypes.c_int(IOPRIO_WHO_PROCESS), ctypes.c_int(0),
-                   ctypes.c_int(ioclass << 13 | priority))
-    _check(res, "ioprio_set", f"class {ioclass} priority {priority}")
-
-
-class _SchedAttr(ctypes.Structure):
-    _fields_ = [("size", ctypes.c_uint32), ("policy", ctypes.c_uint32), ("flags", ctypes.c_uint64),
-                ("nice", ctypes.c_int32), ("priority", ctypes.c_uint32), ("runtime", ctypes.c_uint64),
-                ("deadline", ctypes.c_uint64), ("period", ctypes.c_uint64)]
-
-
-def sched_setattr(policy: int, flags: int, nice: int, priority: int, runtime: int, deadline: int,
-                  period: int) -> None:
-    """This process's scheduling policy and its attributes (sched_setattr(2))."""
-    attr = _SchedAttr(ctypes.sizeof(_SchedAttr), policy, flags, nice, priority, runtime, deadline, period)
-    res = _syscall(ctypes.c_long(_NR["sched_setattr"]), ctypes.c_int(0), ctypes.byref(attr), ctypes.c_uint(0))
-    _check(res, "sched_setattr", f"policy {policy} nice {nice} priority {priority}")
 
 
 def loopback_up() -> None:
@@ -608,8 +531,6 @@ class Seccomp:
             lib.seccomp_rule_add_array.restype = ctypes.c_int
             lib.seccomp_attr_set.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
             lib.seccomp_attr_set.restype = ctypes.c_int
-            lib.seccomp_load.argtypes, lib.seccomp_load.restype = [ctypes.c_void_p], ctypes.c_int
-            lib.seccomp_notify_fd.argtypes, lib.seccomp_notify_fd.restype = [ctypes.c_void_p], ctypes.c_int
             lib.seccomp_export_bpf.argtypes, lib.seccomp_export_bpf.restype = [ctypes.c_void_p, ctypes.c_int], ctypes.c_int
             cls._lib = lib
         return cls._lib
@@ -648,10 +569,6 @@ class Seccomp:
     def set_attr(self, attr: int, value: int) -> None:
         self._check(self._l.seccomp_attr_set(self.ctx, attr, value), "seccomp_attr_set", str(attr))
 
-    def load(self) -> None:
-        """Install the filter on this thread (needs no_new_privs or CAP_SYS_ADMIN)."""
-        self._check(self._l.seccomp_load(self.ctx), "seccomp_load", "the container's filter")
-
     def export_bpf(self) -> bytes:
         """The filter as the kernel takes it (struct sock_filter[]), for a process that loads
         it itself (the exec front end, sandbox/frontend.c)."""
@@ -665,7 +582,3 @@ class Seccomp:
             return b"".join(chunks)
         finally:
             os.close(fd)
-
-    def notify_fd(self) -> int:
-        """The user-notification fd of the loaded filter (one with SCMP_ACT_NOTIFY rules)."""
-        return self._check(self._l.seccomp_notify_fd(self.ctx), "seccomp_notify_fd", "the container's filter")

@@ -17,17 +17,15 @@ if TYPE_CHECKING:
 
 
 def main(argv: list[str] | None = None, frontend=None) -> int:
-    """``frontend``: the warm server's exec or create front end (sandbox/exec_frontend.py,
-    sandbox/create_frontend.py), in the server's child: sealed already, and no thread of ours
-    (it enters namespaces); create forks its gofer once the front end has taken the bundle."""
+    """``frontend``: the exec or create front end (sandbox/exec_frontend.py,
+    sandbox/create_frontend.py), in a planner's child (the server's, or the launcher's own):
+    run, create and exec are planned there and carried out by the `sandbox` executable."""
     argv = sys.argv[1:] if argv is None else argv
-    gofer = None
-    verb = flags.verb_of(argv)
-    if verb in ("run", "create", "exec", "serve") and frontend is None:  # (serve: its children create)
-        from sandbox import sealed
+    if argv == ["serve", "--once"] and frontend is None:  # the launcher's own planner: its command line, as it writes it
+        from sandbox import hook_server
 
-        if not sealed.sealed():
-            sealed.exec_sealed()  # before any process the container could see exists
+        return hook_server.serve_once(main)
+    verb = flags.verb_of(argv)
     if verb == "hook" and argv[(flags.verb_index(argv) or 0) + 1:][:1] not in (["install"], ["serve"]):
         if os.isatty(0):
             from sandbox.hook_cmd import HOW
@@ -39,16 +37,6 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
         code = server_client.forward(argv)  # a warm server, if one listens
         if code is not None:
             return code
-    warm = None
-    if verb == "exec" and frontend is None:  # the child's first cgroup.procs write finds the kernel's lock warm (sandbox/fork.py)
-        from sandbox.fork import warm_cgroup_lock
-
-        warm = warm_cgroup_lock()
-    if verb in ("run", "create") and frontend is None:
-        # Fork the gofer before anything is imported or parsed (see sandbox/launch.py).
-        from sandbox.fork import spawn_gofer
-
-        gofer = spawn_gofer()
     flags._ARGV[:] = argv
     args = flags.hook_args(argv) or flags.lean_args(argv) or flags.parser().parse_args(argv)
     from mounts.errors import SandboxError
@@ -57,7 +45,7 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
         from sandbox.config import resolve
 
         resolve(args)
-        mod: types.ModuleType  # the verb's module: each has main(args), run's and create's main(args, gofer)
+        mod: types.ModuleType  # the verb's module: each has main(args); run's, create's and exec's main(args, frontend)
         if args.verb == "plan":
             from sandbox import plan_cmd as mod
         elif args.verb == "run":
@@ -88,10 +76,12 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
             return hook_server.serve(args, main)  # (its children run the served verbs with this main)
         else:
             from sandbox import hook_cmd as mod
-        if args.verb in ("run", "create"):  # (the served path: its front end, explicit)
-            return mod.main(args, gofer, frontend)
-        if args.verb == "exec":
-            return mod.main(args, warm, frontend)
+        if args.verb in ("run", "create", "exec"):
+            if frontend is None:  # (Python's own entry: pip's script, python -m sandbox.cli)
+                stderr_line(f"sandbox {args.verb}: only the `sandbox` executable runs it (python -m "
+                            "sandbox.launcher PATH writes it; scripts/setup and scripts/install do)")
+                return 2
+            return mod.main(args, frontend)
         return mod.main(args)
     except (SandboxError, OSError) as e:  # a SyscallError names its operation and path
         msg = f"sandbox {args.verb}: {one_line(e)}"

@@ -1,10 +1,11 @@
 """``sandbox create ID``: build the whole container (namespaces, every mount, the GPU ones
-included, pivot_root), leave its init waiting on exec.fifo, write its pid, and return. The
-caller (conmon, containerd-shim: a subreaper) becomes the init's parent and reaps it."""
+included, pivot_root), leave its init waiting on exec.fifo, write its pid, and return. Run
+in the planner (the server's child, or the launcher's own): the launcher makes the init, its
+child, and the caller (conmon, containerd-shim: a subreaper) reaps it."""
 
 from __future__ import annotations
 
-from sandbox.fork import Gofer, spawn_gofer
+from sandbox.fork import spawn_gofer
 from sandbox.launch import launch, options, write_pid_file
 
 TYPE_CHECKING = False
@@ -12,19 +13,16 @@ if TYPE_CHECKING:
     from sandbox.create_frontend import CreateFrontend
 
 
-def main(args, gofer: Gofer | None = None, frontend: CreateFrontend | None = None) -> int:
-    """``frontend``: a server's (or planner's) child: the launcher forks (sandbox/create_frontend.py)."""
+def main(args, frontend: CreateFrontend) -> int:
     import os
 
     from gofer.spans import Spans
 
-    if frontend is not None:
-        frontend.check(args)  # (a Decline: the launcher runs create in Python, nothing done)
-    gofer = gofer or spawn_gofer(fresh=frontend is None)
+    frontend.check(args)
+    gofer = spawn_gofer()
     spans = Spans(True, os.getpid())  # kept only if a trace is asked for (flag or annotation)
     spans.add("imports + argv", gofer.t0)
-    started = launch(options(args, detached=True, foreground=False), gofer, spans,
-                     *((frontend.launcher(), frontend.read) if frontend is not None else ()))
+    started = launch(options(args, foreground=False), gofer, spans, frontend.launcher(), frontend.read)
     if args.pid_file:
         write_pid_file(args.pid_file, started.pid)
     if started.trace:  # the container exists now: a trace that cannot be written only warns

@@ -42,7 +42,7 @@ class CreateFrontend:
         in Python."""
         from sandbox.launch import options, read_bundle
 
-        opts = options(args, detached=True, foreground=args.verb == "run" and not args.detach)
+        opts = options(args, foreground=args.verb == "run" and not args.detach)
         try:
             read = read_bundle(opts)
         except SandboxError:
@@ -71,16 +71,14 @@ class CreateFrontend:
     def wait(self, state) -> int:
         """A foreground run's container started: the launcher, its pid 1's parent, waits for
         it and sends "status N", its wait status, returned here. A launcher gone first takes
-        the container with it (as Python's run does when its supervisor dies): SIGKILL. We
+        the container with it (SIGKILL: no one else would reap or remove it). We
         wait as a process of our own, no longer the server's child (a container may run for
         days): should we die, the launcher removes the container itself at its end."""
         import signal
 
         from mounts.errors import SandboxError
         from sandbox.delete_cmd import kill_all
-        from sandbox.launch import move_back
 
-        move_back(self.launcher())  # out of the container's cgroups, removed at its end
         if os.fork():  # the wait is no request of the server's: out of its children (MAX_CHILDREN)
             os._exit(0)
         os.setsid()  # and out of its process group (a ^C to a server in a terminal)

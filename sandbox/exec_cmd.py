@@ -2,11 +2,9 @@
 
 Without --process the container's own process spec (from its bundle) is the base, and the
 flags change it as runc's do: the args, -e added to the env, --cwd, -u, -g, --cap added,
---no-new-privs, -t. The work is in gofer/enter.py."""
+--no-new-privs, -t. The launcher's executor makes the process (sandbox/exec_frontend.py)."""
 
 from __future__ import annotations
-
-import os
 
 import msgspec
 
@@ -19,9 +17,9 @@ if TYPE_CHECKING:
     from sandbox.exec_frontend import Frontend
 
 
-def main(args, warm: list | None = None, frontend: Frontend | None = None) -> int:
-    """``warm``: the cgroup lock's warming thread (sandbox/fork.py); ``frontend``: a server's
-    (or planner's) child: the launcher forks (sandbox/exec_frontend.py)."""
+def main(args, frontend: Frontend) -> int:
+    """Run in the planner (the server's child, or the launcher's own): ``frontend`` sends the
+    launcher the process's plan, and the launcher forks it (sandbox/exec_frontend.py)."""
     state = StateDir(args.root, args.container_id).load()
     if state.status not in ("running", "created"):
         raise SandboxError(f"cannot exec in container {state.id!r}: it is {state.status}")
@@ -42,23 +40,13 @@ def main(args, warm: list | None = None, frontend: Frontend | None = None) -> in
         from gofer.process import connect_console
 
         console = connect_console(args.console_socket)
-    if frontend is not None:
-        spawn = frontend.spawn
-    else:
-        from gofer.enter import spawn
-    if warm is not None:
-        from sandbox.fork import stop_warming
-
-        stop_warming(warm)  # before the fork below
-    pid = spawn(state.pid, proc, console, args.preserve_fds, args.detach, spec.linux.seccomp, state.cgroup,
-                state.start_time, spec.linux.personality)
+    pid = frontend.spawn(state.pid, proc, console, args.preserve_fds, args.detach, spec.linux.seccomp, state.cgroup,
+                         state.start_time, spec.linux.personality)
     if args.pid_file:
         from sandbox.launch import write_pid_file
 
         write_pid_file(args.pid_file, pid)
-    if args.detach or frontend is not None:  # (the launcher waits for its own child)
-        return 0
-    return _wait(pid)
+    return 0  # (the launcher waits for its own child)
 
 
 def _process(args, spec, bundle: str) -> Process:
@@ -94,13 +82,3 @@ def _process(args, spec, bundle: str) -> Process:
                                    no_new_privileges=base.no_new_privileges or args.no_new_privs,
                                    apparmor_profile=args.apparmor or base.apparmor_profile,
                                    selinux_label=args.process_label or base.selinux_label)
-
-
-def _wait(pid: int) -> int:
-    """Our adopted process's exit status (128+N for signal N); signals forwarded to it."""
-    from mounts.proc import exit_code
-    from sandbox.launch import forward_signals
-
-    forward_signals(pid)
-    _, status = os.waitpid(pid, 0)
-    return exit_code(status)

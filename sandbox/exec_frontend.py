@@ -55,9 +55,8 @@ class Frontend:
                 sent.append(os.open(os.path.join(d, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC))
                 records.append(f"cgroup {d}")
             entry = _look_up(proc, next(fd for fd, _, name in fds if name == "mnt"))
-            if entry.cwd is not None:
-                sent.append(entry.cwd)
-                records.append(f"cwd {proc.cwd}")
+            sent.append(entry.cwd)
+            records.append(f"cwd {proc.cwd}")
             if seccomp is not None:
                 sent.append(fp.seccomp_memfd(export(seccomp)))
                 records += fp.seccomp_records(seccomp, proc.no_new_privileges)
@@ -98,7 +97,7 @@ def _look_up(proc: Process, mnt: int) -> process.Entry:
     try:
         sc.setns(mnt, sc.CLONE_NEWNS, what="the container's mnt namespace")
         try:
-            return process.look_up(proc, enter=False)
+            return process.look_up(proc)
         finally:
             sc.setns(own, sc.CLONE_NEWNS, what="our own mnt namespace")
             os.fchdir(here)

@@ -1,9 +1,8 @@
-"""Fork the gofer first: `sandbox run` and `create` do this before anything else is imported,
-even before the command line is parsed (cli.main), so that the child imports what it needs
-and starts building the root while the parent imports, parses the bundle and resolves the
-GPU closure. This module imports only builtins: everything it costs is on the critical path.
-The process is single-threaded at the fork and the child runs plain Python (no locks held,
-no exec), so forking here is safe. See docs/design.md.
+"""Fork the gofer: `sandbox run` and `create`, in the planner, do this as soon as the bundle
+is read, so that the child starts building the root while the parent resolves the GPU
+closure. This module imports only builtins. The process is single-threaded at the fork and
+the child runs plain Python (no locks held, no exec), so forking here is safe. See
+docs/design.md.
 """
 
 from __future__ import annotations
@@ -24,25 +23,18 @@ class Gofer(tuple):
     warm = property(lambda self: self[3])
 
 
-def spawn_gofer(fresh: bool = True) -> Gofer:
-    """Fork the gofer; in the child this never returns. ``fresh``: the child execs a new
-    interpreter first (gofer/fresh.py), for a gofer that may become the container's pid 1;
-    the warm server's (whose pid 1 is the launcher's child) runs on warm."""
+def spawn_gofer() -> Gofer:
+    """Fork the gofer (in the child this never returns): it runs on in this warm
+    interpreter (the planner's: pid 1 is the launcher's child, never this process's)."""
     t0 = time.monotonic_ns()
     ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     me = os.getpid()
     pid = os.fork()
     if pid == 0:
         ours.close()
-        if not fresh:
-            from gofer.main import serve
+        from gofer.main import serve
 
-            serve(theirs, t0, me)  # type: ignore[arg-type]  # never returns; a _socket.socket (socket.socket's base) has all serve uses
-        from gofer.fresh import exec_fresh
-
-        # a fresh interpreter: the container's pid 1 may be this process, and must not hold
-        # our caller's command line or environment (copies a ptracer in there could read)
-        exec_fresh(f"from gofer.main import serve_fd; serve_fd({theirs.fileno()}, {t0}, {me})", (theirs.fileno(),))
+        serve(theirs, t0, me)  # type: ignore[arg-type]  # never returns; a _socket.socket (socket.socket's base) has all serve uses
     theirs.close()
     return Gofer((pid, ours, t0, warm_cgroup_lock()))
 
@@ -91,9 +83,3 @@ def warm_cgroup_lock() -> list:
 
     _thread.start_new_thread(keep_warm, ())
     return flag
-
-
-def stop_warming(flag: list) -> None:
-    """The thread writes no more once this returns (a fork may follow: none of it is mid-write)."""
-    with flag[1]:
-        flag[0] = False

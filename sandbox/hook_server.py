@@ -123,7 +123,7 @@ def serve(args, main) -> int:
     from mounts.errors import SandboxError
 
     if getattr(args, "once", False):
-        return _serve_once(main)
+        return serve_once(main)
     idle = getattr(args, "idle_exit", 0)  # (`hook serve` has none)
     listener = _activated()
     # a client's start (sandbox/server_connect.h): its request waits in our queue, so the
@@ -361,7 +361,7 @@ def _fork_child(conn, others: list, wake: tuple[int, int], main) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
 
 
-def _serve_once(main) -> int:
+def serve_once(main) -> int:
     """The launcher's own planner (sandbox/launcher.c, where no server listens): the one
     request on fd 3, its end of a socketpair, served as a server's child serves it, in a
     session of our own (a ^C to the caller's process group is the container's to get)."""
@@ -567,9 +567,7 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
         # a foreground run's child then waits for the launcher to report the container's end
         import socket
 
-        from sandbox import sealed
-
-        if not sealed.sealed():  # (its builder enters the container's pid namespace: never a writable host file)
+        if not _sealed():  # (its builder enters the container's pid namespace: never a writable host file)
             os.dup2(log, 2)
             _decline(conn, f"{verb}: the server's interpreter is not sealed (start it as `sandbox serve`)", read=False)
             return 0
@@ -607,6 +605,25 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     line = f"sandbox serve: {verb}: {' '.join(argv)[:300]}: exit {code} in {(time.monotonic() - t) * 1e3:.1f} ms\n"
     os.write(log, line.encode("utf-8", "replace"))
     return 0
+
+
+def _sealed() -> bool:
+    """Whether our interpreter is a file no one can write (CVE-2019-5736): on a read-only
+    mount, or a memfd sealed against writes (sandbox/launcher.c runs a server so)."""
+    import fcntl
+
+    if os.statvfs("/proc/self/exe").f_flag & os.ST_RDONLY:
+        return True
+    try:
+        fd = os.open("/proc/self/exe", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return bool(fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_WRITE)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _run_hook(conn, request) -> int:

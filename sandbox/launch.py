@@ -1,5 +1,6 @@
 """Start a container up to the moment its init is ready: what `sandbox run` and `sandbox
-create` share, once sandbox/fork.py has forked the gofer."""
+create` share, in the planner (the server's child), once sandbox/fork.py has forked the
+gofer; the launcher makes pid 1 (sandbox/create_frontend.py, gofer/remote_init.py)."""
 
 from __future__ import annotations
 
@@ -16,21 +17,6 @@ if TYPE_CHECKING:  # imported where used, for start-up time
     from gofer.spans import Span
     from mounts.spec import Hooks
     from sandbox.state import State
-
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def forward_signals(pid: int) -> None:
-    """Plain handlers that pass FORWARDED signals on to ``pid`` (until an event loop, if
-    any, takes over)."""
-    def forward(signum, _frame):
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
 
 TRACE_ANNOTATION = "org.gpu-sandbox.trace"  # a bundle may ask for a startup trace itself
 
@@ -49,7 +35,6 @@ class Options(NamedTuple):
     scratch_size: str | None = None
     console_socket: str | None = None
     preserve_fds: int = 0
-    detached: bool = False  # create: the init waits on exec.fifo and outlives us
     foreground: bool = False  # `sandbox run`: the state goes when the run ends
     trace: str | None = None  # --trace FILE
     systemd_cgroup: bool = False  # --systemd-cgroup: cgroupsPath is slice:prefix:name
@@ -57,15 +42,31 @@ class Options(NamedTuple):
     debug: bool = False  # --debug: discovery's notes on stderr
 
 
-def options(args, detached: bool, foreground: bool) -> Options:
+def options(args, foreground: bool) -> Options:
     """Launch options from parsed arguments: runc's ``ID [-b BUNDLE]`` or our ``BUNDLE``."""
     bundle = os.path.abspath(args.bundle or ".")
     cid = args.container_id or os.path.basename(bundle)
+    for what, path in (("--bundle", bundle), ("--root", args.root), ("--driver-root", args.driver_root),
+                       ("--console-socket", args.console_socket), ("--pid-file", getattr(args, "pid_file", None))):
+        if path is not None and _not_utf8(path):
+            from mounts.errors import SandboxError
+
+            raise SandboxError(f"{what} {path.encode(errors='surrogateescape')!r}: not UTF-8 (the container's "
+                               "state and spec record paths as JSON strings)", code=2)
     return Options(cid, bundle, args.root, args.driver_root, args.dev_root, getattr(args, "gpus", None),
                    getattr(args, "capabilities", None), getattr(args, "max_capabilities", None),
                    getattr(args, "scratch_size", None), args.console_socket, args.preserve_fds,
-                   detached, foreground, args.trace, getattr(args, "systemd_cgroup", False),
+                   foreground, args.trace, getattr(args, "systemd_cgroup", False),
                    tuple(getattr(args, "cdi_spec_dir", ())), bool(getattr(args, "debug", False)))
+
+
+def _not_utf8(path: str) -> bool:
+    """Whether ``path`` (as the command line gives it: surrogateescape'd) has bytes that are not UTF-8."""
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 class Launched(NamedTuple):
@@ -81,8 +82,8 @@ NO_DEVICE_RULES = ("no devices cgroup here (a v1 devices controller, or cgroup v
 
 
 class Launcher(NamedTuple):
-    """Served create's launcher (sandbox/create_frontend.py): it goes into the container's
-    cgroup, and the gofer has it fork the init (gofer/remote_init.py)."""
+    """The launcher (sandbox/create_frontend.py): it goes into the container's cgroup, and
+    the gofer has it fork the init (gofer/remote_init.py)."""
 
     pid: int
     fd: int  # our connection to it
@@ -98,11 +99,11 @@ def read_bundle(opts: Options):
     return bundle, resolve(bundle.spec, opts.gpus, opts.capabilities, opts.max_capabilities, opts.cdi_spec_dirs)
 
 
-def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None, read=None) -> Launched:
+def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher, read=None) -> Launched:
     """Claim the id, stream the plan, run the runtime-namespace hooks when the gofer pauses,
     and return once the init is ready. On any failure nothing is left: the gofer and the init
     are killed, the state directory removed, and the error (one line) raised. ``read``:
-    read_bundle's, where the caller has it already (a served create checked the bundle)."""
+    read_bundle's, where the caller has it already (the front end checked the bundle)."""
     import prctl
 
     from gofer import protocol
@@ -117,7 +118,7 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
     sd = StateDir(opts.root, opts.cid)
     # creating: ours is the pid recorded (and its start time) until the init is ready; the
     # gofer's would read "stopped" once it has forked pid 1, and kill and delete go by it
-    sd.create(new_state(opts.cid, os.getpid(), opts.bundle, foreground=opts.foreground), fifo=opts.detached)
+    sd.create(new_state(opts.cid, os.getpid(), opts.bundle, foreground=opts.foreground), fifo=True)
     sock = gofer.sock
     init = cgroup = None
     try:
@@ -137,7 +138,7 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
                     from mounts.cdi import spec_hook_actions
 
                     cdi_actions = spec_hook_actions(cdi_args)
-                # (as the caller asked: a served foreground run is "detached" here, the launcher waits)
+                # (a foreground run's terminal is the launcher's)
                 if spec.process.terminal and not opts.foreground and not opts.console_socket:
                     raise BundleError(f"{bundle.path}/config.json: process.terminal is set: a detached "
                                       "container needs --console-socket to hand its terminal to")
@@ -146,7 +147,7 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
                                       f"with a terminal ({bundle.path}/config.json: process.terminal is "
                                       f"{str(spec.process.terminal).lower()})")
             with spans.span("cgroup"):
-                cgroup = _cgroup(spec, opts, gofer.pid, sd, launcher)
+                cgroup = _cgroup(spec, opts, sd, launcher)
                 gofer.warm[0] = False
                 if not devices_enforced(cgroup.dirs.values() if cgroup else ()):
                     # fail closed: without device rules a node in the image (or one made
@@ -158,10 +159,8 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
             spans.enabled = bool(trace)
             protocol.send(sock, protocol.Start(
                 spec, bundle.rootfs, bundle.path, spans.enabled, overlay_root=request is not None or bool(cdi_actions),
-                scratch_size=opts.scratch_size, id=opts.cid, exec_fifo=sd.fifo if opts.detached else None,
-                console_socket=opts.console_socket, detached=opts.detached, preserve_fds=opts.preserve_fds,
-                hooks_pause=pause, cgroup_created=cgroup.created if cgroup is not None else [],
-                state_dir=sd.dir if opts.foreground else None, launcher_fd=launcher.fd if launcher else None))
+                scratch_size=opts.scratch_size, id=opts.cid, exec_fifo=sd.fifo, console_socket=opts.console_socket,
+                preserve_fds=opts.preserve_fds, hooks_pause=pause, launcher_fd=launcher.fd))
             if request is not None:
                 _stream_plan(sock, request, bundle, opts, spans, cgroup)
             for action in cdi_actions:  # our CDI hook's links and ld.so.cache, in our own root
@@ -190,12 +189,8 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
                 failure = failure or _runtime_hooks(hooks, opts, bundle.path, spec.annotations, msg.pid, sock)
             elif isinstance(msg, protocol.Ready):
                 ready, init = msg, msg.pid
-                if launcher is not None and failure is None and _hung_up(launcher.fd):
+                if failure is None and _hung_up(launcher.fd):
                     failure = SandboxError("the launcher exited before the container was recorded")
-                if opts.detached and failure is None and launcher is None:
-                    # the init waits for this before it blocks on exec.fifo (see gofer/main.py)
-                    sd.write(_state(opts, ready.pid, bundle, spec, hooks, cgroup))
-                    _resume(sock)
             else:
                 failure = failure or msg.error()
         spans.add("wait for the init", t)
@@ -208,17 +203,16 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
             raise failure
         assert ready is not None  # (failure is set whenever ready is not)
         state = _state(opts, ready.pid, bundle, spec, hooks, cgroup)
-        if launcher is not None:
-            # the gofer, and its builder, which was in the container's pid namespace (a
-            # zombie there would hold pid 1's exit): gone before the container is recorded,
-            # as no process can be exec'd into it until then to find the builder
-            _reap_all(time.monotonic() + 5)
+        # the gofer, and its builder, which was in the container's pid namespace (a zombie
+        # there would hold pid 1's exit): gone before the container is recorded, as no
+        # process can be exec'd into it until then to find the builder
+        _reap_all(time.monotonic() + 5)
+        move_back(launcher)  # (pid 1 forked: the container's cgroup is its processes' alone from here on)
         if cgroup is not None and (low := _low_pids(spec.linux.resources)) is not None:
             from mounts.spec import Pids, Resources
 
             cgroup.limits(Resources(pids=Pids(limit=low)))  # (only the container's processes are left)
-        if not opts.detached or launcher is not None:  # (else written before the init's Resume)
-            sd.write(state)
+        sd.write(state)
         return Launched(ready.pid, ready.spans, state, hooks, trace)
     except BaseException:
         sock.close()  # an init we do not know yet reads EOF and gives up
@@ -229,8 +223,7 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher | None = None,
                 pass
         _reap_all(time.monotonic() + 5)
         if cgroup is not None:
-            if launcher is not None:  # (out of the cgroup it is to remove; a systemd scope's stop would kill it)
-                move_back(launcher)
+            move_back(launcher)  # (out of the cgroup it is to remove; a systemd scope's stop would kill it)
             cgroup.remove()
         sd.remove()
         raise
@@ -303,11 +296,11 @@ def _own_pid_ns(spec) -> bool:
     return any(ns.type == "pid" and not ns.path for ns in spec.linux.namespaces)
 
 
-def _cgroup(spec, opts: Options, gofer: int, sd, launcher: Launcher | None = None):
+def _cgroup(spec, opts: Options, sd, launcher: Launcher):
     """The container's cgroup, limits and device rules applied, with the process that forks
-    the init (which inherits it) in it: the gofer, or a served create's ``launcher``. None on
-    a host without any cgroup hierarchy. A relative cgroupsPath (an id's default too) is
-    below the caller's cgroups: ours, or a served create's launcher's, never the server's.
+    the init (which inherits it) in it: the ``launcher``. None on a host without any cgroup
+    hierarchy. A relative cgroupsPath (an id's default too) is below the caller's cgroups:
+    the launcher's, never the server's.
     The directories it will make are in the state first (and the systemd unit, once started):
     a create killed at any point is then deleted whole by `delete --force`."""
     from gofer.cgroups import container_cgroup
@@ -323,7 +316,7 @@ def _cgroup(spec, opts: Options, gofer: int, sd, launcher: Launcher | None = Non
                                "cgroups manager")
         cgroup = systemd.SystemdCgroup(spec.linux.cgroups_path, opts.cid)
     else:
-        cgroup = container_cgroup(spec.linux.cgroups_path or opts.cid, launcher.pid if launcher else "self")
+        cgroup = container_cgroup(spec.linux.cgroups_path or opts.cid, launcher.pid)
     if cgroup is None:
         if spec.linux.resources is not None:
             raise SandboxError("linux.resources: no cgroup hierarchy is mounted under /sys/fs/cgroup "
@@ -355,9 +348,9 @@ def _cgroup(spec, opts: Options, gofer: int, sd, launcher: Launcher | None = Non
 
             resources = msgspec.structs.replace(resources, pids=Pids(limit=MAKING_PROCESSES))
         cgroup.apply(resources, spec.linux.devices)
-        if launcher is not None and _hung_up(launcher.fd):  # its pid (SO_PEERCRED) may be another's now
+        if _hung_up(launcher.fd):  # its pid (SO_PEERCRED) may be another's now
             raise SandboxError("the launcher exited before the container's cgroup was made")
-        cgroup.add(launcher.pid if launcher is not None else gofer)
+        cgroup.add(launcher.pid)
         if getattr(cgroup, "invocation", ""):  # the unit we started, and what we made beside it
             state.systemd_invocation, state.cgroup_created = cgroup.invocation, list(cgroup.created)
             state.cgroup = list(dict.fromkeys(cgroup.dirs.values()))

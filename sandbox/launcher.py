@@ -4,9 +4,9 @@ less per start), with this installation's import paths baked in. `scripts/setup`
 over pip's console script; `sandbox hook install` puts the same program in a hook entry.
 
 It is sandbox/launcher.c, built here with the interpreter and the program baked in: it runs
-the interpreter from a read-only view of itself (CVE-2019-5736, see there), and has the warm
-server run the verbs that start no process (SERVED, sandbox/server_client.py). Without a C
-compiler it is a ``#!`` script, and sandbox/sealed.py seals the verbs that need it.
+from a sealed view of itself (CVE-2019-5736, see there), has the warm server run the verbs
+that start no process (SERVED), and carries out the plans of exec, create and run (its
+executor: frontend.c, plan.c, process.c). A C compiler is needed to install sandbox.
 
     python -m sandbox.launcher PATH [--strip DESTDIR]
                                         writes the launcher to PATH (naming the interpreter and
@@ -48,15 +48,11 @@ def _unstaged(path: str, strip: str) -> str:
 
 
 def write_launcher(path: str, strip: str = "") -> None:
-    """The launcher at ``path``: launcher.c and frontend.c built with this installation's
-    interpreter and program, or without a C compiler a ``#!`` script."""
+    """The launcher at ``path``: launcher.c and its executor built with this installation's
+    interpreter and program."""
     from sandbox.flags import GLOBAL_VALUES
     from sandbox.wire import c_string
 
-    if _cc() is None:
-        _install(path, (f"#!{_unstaged(sys.executable, strip)} -IS\nimport sys\n"
-                        f"sys.path[:0] = {[_unstaged(p, strip) for p in import_paths()]!r}\n{MAIN}\n").encode())
-        return
     _build(path, ["launcher.c", "frontend.c", "plan.c", "process.c"],
            f"#define SANDBOX_PYTHON {c_string(_unstaged(sys.executable, strip))}\n"
            f"#define SANDBOX_CODE {c_string(entry_code(strip))}\n"

@@ -31,7 +31,7 @@ import fixtures  # noqa: E402
 from mounts.driver import discover  # noqa: E402
 from mounts.errors import DriverError  # noqa: E402
 
-SANDBOX = [str(REPO / ".venv/bin/python"), "-m", "sandbox.cli"]
+SANDBOX = [str(REPO / ".venv/bin/sandbox")]
 GPU_ENV = ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
 
 

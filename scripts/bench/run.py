@@ -35,7 +35,7 @@ import engines  # noqa: E402
 import fixtures  # noqa: E402
 
 PY = str(REPO / ".venv/bin/python")
-SANDBOX = [str(REPO / ".venv/bin/sandbox")] if os.access(REPO / ".venv/bin/sandbox", os.X_OK) else [PY, "-m", "sandbox.cli"]  # what engines run
+SANDBOX = [str(REPO / ".venv/bin/sandbox")]  # what engines run
 
 
 # A pause before each timed run: back to back, a run's first cgroup.procs write finds the
@@ -45,7 +45,7 @@ SANDBOX = [str(REPO / ".venv/bin/sandbox")] if os.access(REPO / ".venv/bin/sandb
 COOL = 0.1
 
 
-COLD = dict(os.environ, SANDBOX_SERVER="")  # the launcher's own Python, whatever listens at the default socket
+COLD = dict(os.environ, SANDBOX_SERVER="")  # the launcher's own planner, whatever listens at the default socket
 
 
 def timed(cmd: list[str], env: dict | None = None) -> float:

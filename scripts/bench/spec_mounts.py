@@ -28,8 +28,6 @@ import engines  # noqa: E402
 import fixtures  # noqa: E402
 
 SANDBOX = [str(REPO / ".venv/bin/sandbox")]
-if not os.access(SANDBOX[0], os.X_OK):
-    SANDBOX = [str(REPO / ".venv/bin/python"), "-m", "sandbox.cli"]
 
 
 def bundle_with_mounts(work: Path, n: int) -> Path:

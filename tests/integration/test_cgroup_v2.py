@@ -17,7 +17,7 @@ import pytest
 
 from gofer.cgroups import CgroupV2
 from gofer.devfilter import Rule
-from tests.integration.helpers import sandbox
+from tests.integration.helpers import CLI, sandbox
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -42,7 +42,7 @@ def in_v2_view(script: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 
 def _cli() -> str:
-    return f"{sys.executable} -m sandbox.cli"
+    return f"{CLI[0]}"
 
 
 def _mknod_bundle(make_bundle, script: str, env=(), path: str | None = None):

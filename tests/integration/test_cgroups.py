@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.integration.helpers import create, runc_run, sandbox
+from tests.integration.helpers import CLI, create, runc_run, sandbox
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root"),
               pytest.mark.skipif(not os.path.isdir("/sys/fs/cgroup/memory"), reason="needs cgroup v1")]
@@ -90,9 +89,8 @@ def test_exec_joins_the_cgroup_and_delete_removes_it(make_bundle, tmp_path):
 
 
 def _cli() -> list[str]:
-    import sys
 
-    return [sys.executable, "-m", "sandbox.cli"]
+    return [*CLI]
 
 
 def teardown_module():
@@ -287,7 +285,7 @@ def test_a_hierarchy_reached_through_a_symlink(make_bundle, tmp_path):
     script = (f"mount -t tmpfs tmpfs '{stage}' && {binds} && mkdir '{stage}/cpu,cpuacct' && "
               f"mount --bind /sys/fs/cgroup/cpu '{stage}/cpu,cpuacct' && ln -s cpu,cpuacct '{stage}/cpu' && "
               f"mount --move '{stage}' /sys/fs/cgroup && "
-              f"{sys.executable} -m sandbox.cli --root '{tmp_path}/state' run '{bundle}'")
+              f"{CLI[0]} --root '{tmp_path}/state' run '{bundle}'")
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.split() == ["512", "1"], (r.stdout, r.stderr)
@@ -329,7 +327,7 @@ def test_a_cgroup_with_host_processes_is_not_the_containers(occupied_cgroup, mak
     spec["linux"]["cgroupsPath"] = "/" + rel
     (bundle / "config.json").write_text(json.dumps(spec))
     root = tmp_path / "s"
-    cli = [sys.executable, "-m", "sandbox.cli", "--root", str(root)]
+    cli = [*CLI, "--root", str(root)]
     with open(tmp_path / "log", "w") as log:
         r = subprocess.run([*cli, "run", "-d", "-b", str(bundle), "occ"], stdin=subprocess.DEVNULL, stdout=log,
                            stderr=log, timeout=60)
@@ -362,7 +360,7 @@ def test_update_changes_the_limits_and_keeps_the_device_rules(make_bundle, tmp_p
     spec["linux"]["resources"] = {"memory": {"limit": 128 << 20}, "pids": {"limit": 100},
                                   "devices": [{"allow": False, "access": "rwm"}]}
     (bundle / "config.json").write_text(json.dumps(spec))
-    cli = [sys.executable, "-m", "sandbox.cli", "--root", str(tmp_path / "s")]
+    cli = [*CLI, "--root", str(tmp_path / "s")]
     assert subprocess.run([*cli, "run", "-d", "-b", str(bundle), "up1"], stdin=subprocess.DEVNULL,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60).returncode == 0
     mem, pids, dev = (f"/sys/fs/cgroup/{c}/{rel}" for c in ("memory", "pids", "devices"))
@@ -402,7 +400,7 @@ def _updating(make_bundle, tmp_path, args, memory, cid):
     spec["linux"]["cgroupsPath"] = "/" + rel
     spec["linux"]["resources"] = {"memory": memory}
     (bundle / "config.json").write_text(json.dumps(spec))
-    cli = [sys.executable, "-m", "sandbox.cli", "--root", str(tmp_path / "s")]
+    cli = [*CLI, "--root", str(tmp_path / "s")]
     assert subprocess.run([*cli, "run", "-d", "-b", str(bundle), cid], stdin=subprocess.DEVNULL,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60).returncode == 0
     return cli, rel

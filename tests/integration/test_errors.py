@@ -404,6 +404,13 @@ def test_a_sysctl_of_an_interface_with_a_dot(mode, warm, make_bundle, tmp_path, 
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_missing_bundle_is_one_line(mode, warm, tmp_path):
+    r = launcher(mode, warm, "--root", tmp_path / "state", "run", tmp_path / "missing")
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"sandbox run: {tmp_path}/missing: no such directory (the "
+                                                  "bundle: a directory with a config.json)\n")
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("limit", [1, 2, 3])
 def test_a_low_pids_limit_the_runtime_fits_in_runs(mode, limit, warm, make_bundle, tmp_path):
     """A create has four processes in the container's cgroup while it is made (the launcher,
@@ -559,3 +566,35 @@ def test_the_launcher_refuses_a_negative_preserve_in_a_plan(preserve, tmp_path):
                                                "(rebuild both)\n")
         time.sleep(0.2)
         assert not marker.exists()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bytes_that_are_not_utf8_and_a_closed_stdin_reach_the_container_as_they_are(mode, warm, make_bundle, tmp_path):
+    """An argument and a variable that are not UTF-8 go to the planner as Python's
+    surrogateescape reads them back, and the container gets the very bytes; a closed stdin is
+    /dev/null in the container, as under runc (such verbs went to a second path). A bundle
+    path that is not UTF-8 is one line (the state records it as a JSON string; it was a
+    traceback)."""
+    env = dict(os.environ, SANDBOX_SERVER=str(warm.path) if mode == "served" else "")
+    cid, root = unique("odd").encode(), os.fsencode(tmp_path / "state")
+    sb = [os.fsencode(str(LAUNCHER)), b"--root", root]
+    odd = os.fsencode(tmp_path) + b"/b\xff"
+    bundle = _bundle(make_bundle, process__args=["sleep", "60"])
+    os.symlink(bundle, odd)
+    r = subprocess.run([*sb, b"run", b"-d", b"-b", odd, cid], capture_output=True, timeout=60, env=env,
+                       stdin=subprocess.DEVNULL)
+    assert (r.returncode, r.stderr) == (2, b"sandbox run: --bundle " + repr(odd).encode() + b": not UTF-8 (the container's state "
+                                        b"and spec record paths as JSON strings)\n")
+    with open(tmp_path / "run.err", "w+") as err:  # (the container keeps what it is given: no pipe)
+        r = subprocess.run([*sb, b"run", b"-d", b"-b", os.fsencode(bundle), cid], timeout=60, env=env,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    assert r.returncode == 0, (tmp_path / "run.err").read_text()
+    try:
+        r = subprocess.run([*sb, b"exec", b"--env", b"X=\xfd", cid, b"sh", b"-c",
+                            b'printf %s "$0$X" | od -An -tx1; readlink /proc/self/fd/0', b"\xfe"],
+                           capture_output=True, timeout=60, env=env, stdin=subprocess.DEVNULL,
+                           preexec_fn=lambda: os.close(0))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == [b"fe", b"fd", b"/dev/null"], r.stdout
+    finally:
+        subprocess.run([*sb, b"delete", b"--force", cid], capture_output=True, env=env)

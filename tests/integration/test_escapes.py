@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +25,7 @@ def _run_with_fd(bundle, tmp_path, target, *extra) -> subprocess.CompletedProces
     os.dup2(opened, FD, inheritable=True)
     os.close(opened)
     try:
-        return subprocess.run([sys.executable, "-m", "sandbox.cli", "run", str(bundle), "--root",
+        return subprocess.run([*CLI, "run", str(bundle), "--root",
                                str(tmp_path / "state"), *map(str, extra)], pass_fds=(FD,),
                               capture_output=True, text=True, timeout=60)
     finally:
@@ -84,7 +83,7 @@ def test_no_capabilities_field_means_no_capabilities(make_bundle, tmp_path, root
     del spec["process"]["capabilities"]
     (bundle / "config.json").write_text(json.dumps(spec))
     before = (mount_table(), tree(rootfs_debian))
-    r = subprocess.run([sys.executable, "-m", "sandbox.cli", "run", str(bundle), "--root", str(tmp_path / "s")],
+    r = subprocess.run([*CLI, "run", str(bundle), "--root", str(tmp_path / "s")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     caps = dict(line.split(":") for line in r.stdout.splitlines() if line.startswith("Cap"))
@@ -102,17 +101,17 @@ def test_a_created_init_is_not_dumpable(make_bundle, tmp_path):
     bundle = make_bundle(["sleep", "30"])
     state = str(tmp_path / "state")
     with open(tmp_path / "out", "w") as out:
-        r = subprocess.run([sys.executable, "-m", "sandbox.cli", "--root", state, "create", "--bundle",
+        r = subprocess.run([*CLI, "--root", state, "create", "--bundle",
                             str(bundle), "dump1"], stdout=out, stderr=out, stdin=subprocess.DEVNULL, timeout=60)
     assert r.returncode == 0, (tmp_path / "out").read_text()
     try:
-        r = subprocess.run([sys.executable, "-m", "sandbox.cli", "--root", state, "exec", "dump1", "sh", "-c",
+        r = subprocess.run([*CLI, "--root", state, "exec", "dump1", "sh", "-c",
                             "head -c 4 /proc/1/exe | grep -c ELF; ls /proc/1/fd 2>&1 | head -3"],
                            capture_output=True, text=True, timeout=60)
         assert r.stdout.splitlines()[0] == "0", (r.stdout, r.stderr)  # the interpreter stays out of reach
         assert "Permission denied" in r.stdout + r.stderr
     finally:
-        subprocess.run([sys.executable, "-m", "sandbox.cli", "--root", state, "delete", "-f", "dump1"])
+        subprocess.run([*CLI, "--root", state, "delete", "-f", "dump1"])
 
 
 @pytest.mark.parametrize("caps", [["CAP_SYS_PTRACE", "CAP_KILL"], ["CAP_KILL"]])
@@ -148,14 +147,14 @@ GRAB = Path(__file__).parent / "programs" / "fdgrab.c"
 LAUNCHER = Path(__file__).resolve().parents[2] / ".venv/bin/sandbox"
 
 
-@pytest.fixture(params=["python", "served"])
+@pytest.fixture(params=["own", "served"])
 def server_path(request, tmp_path):
-    """SANDBOX_SERVER for the launcher: "" (its own Python) or a warm server's socket."""
+    """SANDBOX_SERVER for the launcher: "" (its own planner) or a warm server's socket."""
     import engines
 
     if not LAUNCHER.is_file() or LAUNCHER.read_bytes()[:4] != b"\x7fELF":
         pytest.skip("the C launcher is not built (scripts/setup builds it)")
-    if request.param == "python":
+    if request.param == "own":
         yield ""
         return
     with engines.WarmServer(tmp_path) as warm:

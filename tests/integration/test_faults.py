@@ -7,9 +7,11 @@ import json
 import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
+from tests.integration.helpers import CLI
 from tests.integration.test_runtime import errors, rt
 from tests.sockets import full_listener
 
@@ -80,30 +82,30 @@ def test_an_init_killed_during_create_is_named(make_bundle, driver_root, tmp_pat
     """SIGKILL the init while a GPU create is still setting it up: the error says the
     container's init died and of which signal (it said the gofer exited with status 0)."""
     import subprocess
-    import sys
 
     from tests.integration.helpers import children
 
     bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"])
     said = []
     for n in range(6):
-        p = subprocess.Popen([sys.executable, "-m", "sandbox.cli", "--root", str(tmp_path / "s"), "--driver-root",
+        p = subprocess.Popen([*CLI, "--root", str(tmp_path / "s"), "--driver-root",
                               str(driver_root), "create", "--bundle", str(bundle), f"k{n}"],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         killed = False
         deadline = time.monotonic() + 10
         while not killed and p.poll() is None and time.monotonic() < deadline:
-            for gofer in children(p.pid):  # the init: the gofer's child, or ours once it is orphaned
-                for init in children(gofer) + [c for c in children(p.pid) if c != gofer]:
+            for init in children(p.pid):  # the init: the launcher's child ("sandbox-init")
+                try:
+                    if not Path(f"/proc/{init}/cmdline").read_bytes().startswith(b"sandbox-init"):
+                        continue
                     time.sleep(0.01 * n)
-                    try:
-                        os.kill(init, 9)
-                        killed = True
-                    except ProcessLookupError:
-                        pass
+                    os.kill(init, 9)
+                    killed = True
+                except (ProcessLookupError, FileNotFoundError):
+                    pass
         p.wait(timeout=30)
         said.append(p.stderr.read())
-        subprocess.run([sys.executable, "-m", "sandbox.cli", "--root", str(tmp_path / "s"), "delete", "--force",
+        subprocess.run([*CLI, "--root", str(tmp_path / "s"), "delete", "--force",
                         f"k{n}"], capture_output=True)
     assert not any("gofer exited with status 0" in s for s in said), said
     assert any("the container's init was killed by signal 9 before it was ready" in s for s in said), said

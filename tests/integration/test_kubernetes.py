@@ -266,7 +266,7 @@ def test_the_commands_of_docs_kubernetes_md_on_a_node_made_for_the_test(tmp_path
         assert [k for k in left if "gpu-sandbox" in k and not k.startswith("var/lib/containerd/")] == [], left
     finally:
         podman("rm", "-f", "-t", "0", "node-install")
+        problems = node.stop()  # (first: what the installer started in the node is in its container's cgroup)
         eng.stop()
-        problems = node.stop()
     assert problems + nodes.left_behind(base, mounts) == []
     shutil.rmtree(base)  # (the node's root and the rest: ~400 MB a run)

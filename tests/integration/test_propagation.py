@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from tests.integration.helpers import mount_table
+from tests.integration.helpers import CLI, mount_table
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -45,7 +44,7 @@ def test_root_propagation(prop, expect, make_bundle, tmp_path, rootfs_debian):
     (bundle / "config.json").write_text(json.dumps(spec))
     script = (f"mount -t tmpfs tmpfs {top} && mount --make-shared {top} && mkdir {top}/rootfs && "
               f"mount --bind {rootfs_debian} {top}/rootfs && "
-              f"({sys.executable} -m sandbox.cli --root {tmp_path}/s run {bundle} & "
+              f"({CLI[0]} --root {tmp_path}/s run {bundle} & "
               f"while ! test -e {tmp_path}/sig/ready; do sleep 0.05; done; mount -t tmpfs tmpfs {top}/rootfs/tmp && touch {top}/rootfs/tmp/hello; wait) ; "
               f"grep -c ' {top}/rootfs/tmp ' /proc/self/mountinfo")
     before = mount_table()
@@ -81,7 +80,7 @@ def test_bidirectional_volume(gpu, make_bundle, tmp_path, driver_root):
     (bundle / "config.json").write_text(json.dumps(spec))
     vol = top / "vol"
     script = (f"mount -t tmpfs tmpfs {top} && mount --make-shared {top} && mkdir -p {vol}/in {vol}/out && "
-              f"({sys.executable} -m sandbox.cli --root {tmp_path}/s --driver-root {driver_root} run {bundle} & "
+              f"({CLI[0]} --root {tmp_path}/s --driver-root {driver_root} run {bundle} & "
               f"while ! test -e {vol}/mounted; do sleep 0.05; done; "
               f"cat {vol}/in/file; grep -c ' {vol}/in ' /proc/self/mountinfo; "
               f"mount -t tmpfs tmpfs {vol}/out && echo from-host > {vol}/out/file; "

@@ -10,7 +10,15 @@ import time
 
 import pytest
 
-from tests.integration.helpers import alive, children, mount_table, sandbox, sandbox_popen, tree
+from tests.integration.helpers import (
+    CLI,
+    alive,
+    children,
+    mount_table,
+    sandbox,
+    sandbox_popen,
+    tree,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -240,13 +248,12 @@ def test_container_ld_so_cache_is_the_image_s_plus_ours(style, make_bundle, driv
     """The cache the container sees, read with glibc's own ldconfig -p: every entry of the
     image's cache, plus the driver's libraries at the container's paths."""
     import subprocess
-    import sys
 
     from tests.mounts.test_ldcache import ldconfig_p
 
     rootfs = rootfs_debian if style == "debian" else rootfs_lib64
     bundle = make_bundle(["cat", "/etc/ld.so.cache"], ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=rootfs)
-    r = subprocess.run([sys.executable, "-m", "sandbox.cli", "run", str(bundle), "--driver-root", str(driver_root),
+    r = subprocess.run([*CLI, "run", str(bundle), "--driver-root", str(driver_root),
                         "--root", str(tmp_path / "state")], capture_output=True, timeout=60)
     assert r.returncode == 0, r.stderr
     (tmp_path / "cache").write_bytes(r.stdout)
@@ -311,14 +318,13 @@ def test_rootfs_on_overlayfs_like_docker(make_bundle, driver_root, tmp_path, roo
     """An image that is itself an overlay mount (Docker's overlay2 layout): our private
     overlay stacks on it. The overlay is mounted in a namespace of the test's own."""
     import subprocess
-    import sys
 
     for d in ("upper", "work", "merged"):
         (tmp_path / d).mkdir()
     merged = tmp_path / "merged"
     bundle = make_bundle(["cudacheck"], ["NVIDIA_VISIBLE_DEVICES=all"], rootfs=merged)
     script = (f"mount -t overlay overlay -o lowerdir={rootfs_debian},upperdir={tmp_path}/upper,"
-              f"workdir={tmp_path}/work {merged} && exec {sys.executable} -m sandbox.cli run {bundle} "
+              f"workdir={tmp_path}/work {merged} && exec {CLI[0]} run {bundle} "
               f"--driver-root {driver_root} --root {tmp_path}/state")
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
                        capture_output=True, text=True, timeout=60)

@@ -10,10 +10,11 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
+
+from tests.integration.helpers import CLI
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -34,7 +35,7 @@ def _hostile_caller():
 
 
 def _both(bundle, tmp_path, driver_root, gpu: bool):
-    ours = [sys.executable, "-m", "sandbox.cli", "run", str(bundle), "--root", str(tmp_path / "ours")]
+    ours = [*CLI, "run", str(bundle), "--root", str(tmp_path / "ours")]
     if gpu:
         ours += ["--driver-root", str(driver_root)]
     theirs = ["runc", "--root", str(tmp_path / "runc"), "run", "-b", str(bundle), f"parity{os.getpid()}"]
@@ -90,7 +91,7 @@ def test_exit_status_when_pid1_is_killed(sig, make_bundle, tmp_path):
     (A pid namespace's init only receives the signals it handles, SIGKILL aside.)"""
     bundle = make_bundle(["sleep", "30"])
     codes = []
-    for name, base in (("sandbox", [sys.executable, "-m", "sandbox.cli"]), ("runc", ["runc"])):
+    for name, base in (("sandbox", [*CLI]), ("runc", ["runc"])):
         root = ["--root", str(tmp_path / name)]
         cid = f"killed{os.getpid()}"
         run = [*base, "run", str(bundle), "--id", cid, *root] if name == "sandbox" else \

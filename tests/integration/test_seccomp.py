@@ -79,9 +79,8 @@ def test_default_errno_and_exec_gets_the_filter(make_bundle, tmp_path):
 
 
 def sandbox_argv() -> list[str]:
-    import sys
 
-    return [sys.executable, "-m", "sandbox.cli"]
+    return [*CLI]
 
 
 @pytest.mark.parametrize("bad,words", [

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.helpers import CLI
+
 REPO = Path(__file__).resolve().parents[2]
 HOST = str(REPO / "scripts" / "systemd-host")
 
@@ -42,7 +44,7 @@ def _bundle(make_bundle, args, env=(), path="system.slice:demo:c1", **linux):
 
 def test_a_container_is_a_scope_with_its_limits(make_bundle, tmp_path):
     bundle = _bundle(make_bundle, ["sleep", "300"])
-    sb = f"{PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s"
+    sb = f"{CLI[0]} --systemd-cgroup --root {tmp_path}/s"
     r = under_systemd(f"""
         {sb} run -d -b {bundle} c1 </dev/null >/dev/null 2>&1
         systemctl show demo-c1.scope -p ActiveState -p MemoryLimit -p TasksMax -p ControlGroup -p Delegate
@@ -74,7 +76,7 @@ def test_a_gpu_container_under_the_systemd_driver(make_bundle, driver_root, tmp_
     spec["process"]["capabilities"] = {k: ["CAP_MKNOD"] for k in ("bounding", "effective", "permitted")}
     (bundle / "config.json").write_text(json.dumps(spec))
     r = under_systemd(f"""
-        {PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s --driver-root {driver_root} run {bundle} --id g1
+        {CLI[0]} --systemd-cgroup --root {tmp_path}/s --driver-root {driver_root} run {bundle} --id g1
         systemctl show demo-g1.scope -p LoadState
     """)
     assert r.returncode == 0, r.stderr
@@ -89,7 +91,7 @@ def test_an_update_never_denies_the_running_container_its_devices(make_bundle, t
     loop = ("end=$(( $(date +%s) + 7 )); while [ $(date +%s) -lt $end ]; do echo -n > /dev/null || echo DENIED; "
             "done; echo done")
     bundle = _bundle(make_bundle, ["sh", "-c", loop], path="system.slice:demo:u1")
-    sb = f"{PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s"
+    sb = f"{CLI[0]} --systemd-cgroup --root {tmp_path}/s"
     out = tmp_path / "out"
     r = under_systemd(f"""
         {sb} run -d -b {bundle} u1 </dev/null >{out} 2>&1
@@ -118,7 +120,7 @@ def test_the_hook_inside_runcs_systemd_driver(make_bundle, driver_root, tmp_path
 
 def test_bad_paths_are_one_line(make_bundle, tmp_path):
     bundle = _bundle(make_bundle, ["true"], path="demo")
-    r = under_systemd(f"{PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s run {bundle} --id b1 || echo rc=$?")
+    r = under_systemd(f"{CLI[0]} --systemd-cgroup --root {tmp_path}/s run {bundle} --id b1 || echo rc=$?")
     assert 'expected "slice:prefix:name" for systemd cgroups' in r.stderr and "rc=2" in r.stdout, (r.stdout, r.stderr)
 
 
@@ -136,7 +138,7 @@ def test_limits_and_device_rules_as_runcs_systemd_driver(make_bundle, tmp_path):
                            "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]})
     (bundle / "config.json").write_text(json.dumps(spec))
     r = under_systemd(f"""
-        echo ours; {PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s run {bundle} --id i1
+        echo ours; {CLI[0]} --systemd-cgroup --root {tmp_path}/s run {bundle} --id i1
         echo runc; runc --systemd-cgroup --root {tmp_path}/r run -b {bundle} i1
         systemctl show demo-i1.scope -p LoadState
     """)
@@ -189,7 +191,7 @@ def test_a_resize_with_a_swap_limit_under_the_systemd_driver(make_bundle, tmp_pa
     spec = json.loads((bundle / "config.json").read_text())
     spec["linux"]["resources"]["memory"] = {"limit": 64 << 20, "swap": 64 << 20}
     (bundle / "config.json").write_text(json.dumps(spec))
-    sb = f"{PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s"
+    sb = f"{CLI[0]} --systemd-cgroup --root {tmp_path}/s"
     m = "/sys/fs/cgroup/memory/system.slice/demo-r1.scope"
     show = f"echo $(cat {m}/memory.limit_in_bytes {m}/memory.memsw.limit_in_bytes) " \
            "$(systemctl show demo-r1.scope -p MemoryLimit --value)"
@@ -218,7 +220,7 @@ def test_a_unit_that_was_there_is_never_the_containers(make_bundle, tmp_path):
     stopped it; runc 1.2 refuses it); a failed one left behind is reset and started anew (runc
     1.2); and a unit of a container's name started after the container's own ended is not the
     container's: delete leaves it alone."""
-    sb = f"{PY} -m sandbox.cli --systemd-cgroup --root {tmp_path}/s"
+    sb = f"{CLI[0]} --systemd-cgroup --root {tmp_path}/s"
     victim = _bundle(make_bundle, ["sleep", "300"], path="system.slice:victim:1")
     first, second = (_bundle(make_bundle, ["sleep", "300"], path="system.slice:demo:a1") for _ in range(2))
     left = _bundle(make_bundle, ["sleep", "300"], path="system.slice:left:1")

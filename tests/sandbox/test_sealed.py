@@ -1,11 +1,15 @@
-"""The interpreter of the verbs that reach a container cannot be written through
-/proc/<pid>/exe: the launcher runs it from a read-only bind mount of itself, and any other
-start re-executes from a sealed memfd (sandbox/sealed.py)."""
+"""What reaches a container cannot be written through /proc/<pid>/exe: the launcher runs
+itself (exec, create, run) and a server's interpreter from a read-only bind mount of the
+file, or where the kernel refuses that mount (here: a user namespace's root, whose mount
+namespace is the host's), from a sealed memfd copy (sandbox/launcher.c)."""
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -14,10 +18,6 @@ import pytest
 
 from sandbox.launcher import write_launcher
 from sandbox.wire import c_string
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PROBE = ("import os, sys; sys.path.insert(0, {repo!r}); from sandbox import sealed; print(sealed.sealed(), "
-         "os.readlink('/proc/self/exe'))")
 
 
 def _exe_after_exit(argv: list[str]) -> tuple[int, bool, int]:
@@ -41,13 +41,47 @@ def _exe_after_exit(argv: list[str]) -> tuple[int, bool, int]:
         os.close(fd)
 
 
-def test_plain_python_is_not_sealed_and_exec_sealed_is():
-    plain = subprocess.run([sys.executable, "-c", PROBE.format(repo=REPO)], capture_output=True, text=True)
-    assert plain.stdout.split()[0] == "False", plain.stderr
-    code = PROBE.format(repo=REPO) + "\nif not sealed.sealed(): sealed.exec_sealed()"
-    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    first, second = again.stdout.splitlines()
-    assert first.startswith("False") and second.startswith("True /memfd:sandbox-python"), again.stderr
+@pytest.mark.skipif(os.geteuid() != 0, reason="a user namespace's root here needs root")
+def test_where_the_kernel_refuses_the_view_a_sealed_memfd(tmp_path):
+    """In a user namespace (open_tree refused: the mount namespace is the host's), exec runs
+    from a sealed memfd copy of the launcher, and a server's interpreter from one of Python:
+    neither opens for writing; each is what the server's check takes as sealed."""
+    launcher = tmp_path / "sandbox"
+    write_launcher(str(launcher))
+    path = tmp_path / "s.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(path))
+    listener.listen(1)
+    listener.settimeout(30)
+    p = subprocess.Popen(["unshare", "-U", "-r", str(launcher), "--root", str(tmp_path / "state"), "exec", "x", "true"],
+                         env=dict(os.environ, SANDBOX_SERVER=str(path)), stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    conn, _ = listener.accept()  # (the launcher asks the server first)
+    pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+    exe = os.readlink(f"/proc/{pid}/exe")
+    with pytest.raises(OSError) as e:
+        os.close(os.open(f"/proc/{pid}/exe", os.O_WRONLY))
+    conn.close()  # (no server: its own planner, in the namespace, plans it)
+    assert p.wait(timeout=60) == 1 and b"container does not exist" in p.stderr.read()
+    assert exe.startswith("/memfd:sandbox ") and e.value.errno == errno.ETXTBSY, exe
+    # a server (`serve --once`, the own planner's way) on a socketpair
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    q = subprocess.Popen(["unshare", "-U", "-r", str(launcher), "serve", "--once"], pass_fds=[theirs.fileno()],
+                         preexec_fn=lambda: os.dup2(theirs.fileno(), 3), stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    theirs.close()
+    deadline = time.monotonic() + 30
+    while not os.readlink(f"/proc/{q.pid}/exe").startswith("/memfd:") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    exe = os.readlink(f"/proc/{q.pid}/exe")
+    fd = os.open(f"/proc/{q.pid}/exe", os.O_RDONLY)
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    finally:
+        os.close(fd)
+    ours.close()
+    q.wait(timeout=30)
+    assert exe.startswith("/memfd:sandbox-python ") and seals & fcntl.F_SEAL_WRITE, (exe, seals)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the launcher's read-only mount needs root")
