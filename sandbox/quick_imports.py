@@ -13,8 +13,8 @@ class _QuickMsgspec:
     only for get_type_hints and Required/NotRequired, which Python 3.11's typing provides;
     when that import fails msgspec uses typing's. This one-shot finder hides the module while
     msgspec's package executes, on msgspec's first import, and only then: the verbs that never
-    touch msgspec (start, state, kill, delete) pay nothing. Anything imported later (anyio)
-    still gets the real typing_extensions."""
+    touch msgspec (start, state, kill, delete) pay nothing. Anything imported later still gets
+    the real typing_extensions."""
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):
