@@ -57,8 +57,8 @@ def process_records(proc: Process, personality: Personality | None = None, in_us
 
 def early_records(proc: Process, personality: Personality | None) -> list[str]:
     """With a user namespace, what takes the host's privileges (raising a hard limit, a
-    real-time policy): set by the launcher's child before it enters the namespace, as
-    gofer/main.py sets them before its keeper forks."""
+    real-time policy): set by the launcher's child before it enters the namespace (runc's
+    nsexec order)."""
     return rlimit_records(proc) + scheduling_records(proc, personality, "early")
 
 

@@ -10,8 +10,8 @@ removes it as Python's run does.
 The prestart and createRuntime hooks run here while the builder waits, as in Python; the
 createContainer hooks run from the builder, in the container's namespaces before pivot_root;
 the startContainer hooks are part of pid 1's plan (it runs them after start, before its exec).
-Nothing is declined: a pids limit under the processes that make the container is written
-once they are gone (sandbox/launch.py). An init created into a pid namespace not its own (a
+Nothing is declined: the pids limit is written once the processes that make the container
+are gone (sandbox/launch.py). An init created into a pid namespace not its own (a
 pod's shared one, the host's) is the launcher's child there; with a user namespace, its
 grandchild (frontend.c's userns_init)."""
 

@@ -495,11 +495,17 @@ def _receive(conn):
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds += [int.from_bytes(payload[i:i + 4], "little") for i in range(0, len(payload) - len(payload) % 4, 4)]
-    if data == b"memfd\0" and fds:  # a request bigger than one message (the launcher's): in a memory file
+    if data == b"memfd\0" and fds:  # a request bigger than one message (the launcher's): in a sealed memfd
+        import fcntl
+
         memfd, fds = fds[0], fds[1:]
+        whole = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE  # (a file that cannot change or block)
         try:
             size = os.fstat(memfd).st_size
-            data = os.pread(memfd, size, 0) if size <= MAX_FILE else b""
+            data = os.pread(memfd, size, 0) if size <= MAX_FILE and fcntl.fcntl(memfd, fcntl.F_GET_SEALS) & whole == whole \
+                else b""
+        except OSError:
+            data = b""
         finally:
             os.close(memfd)
     return data, fds
@@ -680,7 +686,7 @@ def _decline(conn, why: str, read: bool = True) -> None:
     from sandbox.jsonlite import dumps
 
     try:
-        os.write(2, f"sandbox serve: declined: {why}\n".encode())
+        os.write(2, f"sandbox serve: declined: {why}\n".encode(errors="backslashreplace"))
     except OSError:
         pass
     if read:

@@ -208,10 +208,10 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher, read=None) ->
         # process can be exec'd into it until then to find the builder
         _reap_all(time.monotonic() + 5)
         move_back(launcher)  # (pid 1 forked: the container's cgroup is its processes' alone from here on)
-        if cgroup is not None and (low := _low_pids(spec.linux.resources)) is not None:
+        if cgroup is not None and (limit := _pids_limit(spec.linux.resources)) is not None:
             from mounts.spec import Pids, Resources
 
-            cgroup.limits(Resources(pids=Pids(limit=low)))  # (only the container's processes are left)
+            cgroup.limits(Resources(pids=Pids(limit=limit)))  # (only the container's processes are left)
         sd.write(state)
         return Launched(ready.pid, ready.spans, state, hooks, trace)
     except BaseException:
@@ -341,12 +341,10 @@ def _cgroup(spec, opts: Options, sd, launcher: Launcher):
     try:
         cgroup.create()
         resources = spec.linux.resources
-        if _low_pids(resources) is not None:  # (the limit itself once the container is made)
+        if _pids_limit(resources) is not None:  # (written once the container is made)
             import msgspec
 
-            from mounts.spec import Pids
-
-            resources = msgspec.structs.replace(resources, pids=Pids(limit=MAKING_PROCESSES))
+            resources = msgspec.structs.replace(resources, pids=None)
         cgroup.apply(resources, spec.linux.devices)
         if _hung_up(launcher.fd):  # its pid (SO_PEERCRED) may be another's now
             raise SandboxError("the launcher exited before the container's cgroup was made")
@@ -361,16 +359,13 @@ def _cgroup(spec, opts: Options, sd, launcher: Launcher):
     return cgroup
 
 
-# The processes in the container's cgroup while it is made: the launcher, pid 1, the gofer
-# and its builder. A pids limit under it is written once they are gone (runc's init too is
-# three processes at first).
-MAKING_PROCESSES = 4
-
-
-def _low_pids(resources) -> int | None:
-    """The spec's pids limit where it is under MAKING_PROCESSES, else None."""
+def _pids_limit(resources) -> int | None:
+    """The spec's pids limit, if it sets one: written once the container is made. Until then
+    the runtime's processes share its cgroup (the launcher, pid 1, the gofer, its builder, a
+    createContainer hook), and a limit of a few would fail the create (runc's init too is
+    three processes at first)."""
     pids = resources.pids if resources is not None else None
-    return pids.limit if pids is not None and 0 < pids.limit < MAKING_PROCESSES else None
+    return pids.limit if pids is not None and pids.limit > 0 else None
 
 
 def _stream_plan(sock, request, bundle, opts: Options, spans, cgroup=None) -> None:

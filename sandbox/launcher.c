@@ -59,6 +59,10 @@
 #include <unistd.h>
 
 #include SANDBOX_CONFIG
+
+#ifndef MFD_EXEC
+#define MFD_EXEC 0x0010U
+#endif
 #include "frontend.h"
 #include "server_connect.h"
 
@@ -82,10 +86,15 @@ static int verb_at(int argc, char **argv) {
     return 0;
 }
 
-static int json_strings(struct buf *b, char **v, int n) {
-    for (int i = 0; i < n; i++)
-        if ((i && put(b, ", ", 2)) || json_string(b, v[i], strlen(v[i])))
+/* v[0..n) as JSON strings; with vars, only NAME=VALUE entries (Python's environ has no others) */
+static int json_strings(struct buf *b, char **v, int n, int vars) {
+    for (int i = 0, first = 1; i < n; i++) {
+        if (vars && (v[i][0] == '=' || !strchr(v[i], '=')))
+            continue;
+        if ((!first && put(b, ", ", 2)) || json_string(b, v[i], strlen(v[i])))
             return -1;
+        first = 0;
+    }
     return 0;
 }
 
@@ -126,6 +135,18 @@ static int own_planner(void) {
     return sv[0];
 }
 
+/* data (n bytes) on s with the nfds fds as SCM_RIGHTS: sendmsg's result. */
+static ssize_t send_fds(int s, const char *data, size_t n, const int *fds, int nfds) {
+    union { char buf[CMSG_SPACE(4 * sizeof(int))]; struct cmsghdr align; } control;
+    struct iovec iov = {.iov_base = (void *)data, .iov_len = n};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int))};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, (size_t)nfds * sizeof(int));
+    return sendmsg(s, &msg, 0);
+}
+
 /* The request (command line, cwd, umask, environment; stdio as SCM_RIGHTS) sent on s, a
  * connection to the warm server or to a planner of our own: s, or -1 (s closed) where it
  * could not be sent. */
@@ -141,40 +162,28 @@ static int send_request(int s, int argc, char **argv) {
     int n = 0;
     while (environ[n]) n++;
     struct buf req = {.max = PLAN_MAX_FILE};
-    if (put(&req, "{\"verb\": [", 10) || json_strings(&req, argv + 1, argc - 1) || put(&req, "], \"cwd\": ", 10)
+    if (put(&req, "{\"verb\": [", 10) || json_strings(&req, argv + 1, argc - 1, 0) || put(&req, "], \"cwd\": ", 10)
         || json_string(&req, cwd, strlen(cwd))
         || put(&req, ", \"umask\": ", 11) || put(&req, mask, strlen(mask)) || put(&req, ", \"env\": [", 10)
-        || json_strings(&req, environ, n) || put(&req, "], \"program\": ", 14)
+        || json_strings(&req, environ, n, 1) || put(&req, "], \"program\": ", 14)
         || json_string(&req, SANDBOX_CODE, strlen(SANDBOX_CODE)) || put(&req, "}", 1)) {
         buf_free(&req);
         close(s);
         errno = E2BIG;
         return -1;
     }
-    /* one message, or one bigger than that in a memfd ("memfd", its fd first: as a plan) */
-    int fds[4] = {-1, 0, 1, 2}, first = 1;
-    const char *data = req.p;
-    size_t len = req.n;
-    if (req.n > PLAN_MAX_MESSAGE) {
-        fds[0] = memfd_create("request", MFD_CLOEXEC);
-        if (fds[0] < 0 || write(fds[0], req.p, req.n) != (ssize_t)req.n) {
-            if (fds[0] >= 0) close(fds[0]);
-            buf_free(&req);
-            close(s);
-            return -1;
-        }
-        first = 0, data = "memfd", len = 6;
+    /* one message, or (bigger than that, or refused as too big for the socket's buffer) a
+     * sealed memfd ("memfd", its fd first: as a plan; the server takes only a sealed one) */
+    int fds[4] = {-1, 0, 1, 2};
+    ssize_t sent = req.n <= PLAN_MAX_MESSAGE ? send_fds(s, req.p, req.n, fds + 1, 3) : -1;
+    if (sent < 0 && (req.n > PLAN_MAX_MESSAGE || errno == EMSGSIZE)) {
+        fds[0] = memfd_create("request", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fds[0] >= 0 && write(fds[0], req.p, req.n) == (ssize_t)req.n
+            && fcntl(fds[0], F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) == 0)
+            sent = send_fds(s, "memfd", 6, fds, 4) == 6 ? (ssize_t)req.n : -1;
+        if (fds[0] >= 0) close(fds[0]);
     }
-    union { char buf[CMSG_SPACE(sizeof fds)]; struct cmsghdr align; } control;
-    struct iovec iov = {.iov_base = (void *)data, .iov_len = len};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
-                         .msg_controllen = CMSG_SPACE((4 - first) * sizeof(int))};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN((4 - first) * sizeof(int));
-    memcpy(CMSG_DATA(c), fds + first, (4 - first) * sizeof(int));
-    ssize_t sent = sendmsg(s, &msg, 0);
-    if (fds[0] >= 0) close(fds[0]);
-    if (sent != (ssize_t)len) {
+    if (sent != (ssize_t)req.n) {
         close(s);
         buf_free(&req);
         return -1;
@@ -345,7 +354,9 @@ static int sealed_file(const char *path, const char *name) {
     if (fd >= 0 && syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) == 0) return fd;
     if (fd >= 0) close(fd);
     int in = open(path, O_RDONLY | O_CLOEXEC);
-    int mem = in >= 0 ? memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING) : -1;
+    int mem = in >= 0 ? memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_EXEC) : -1;
+    if (mem < 0 && in >= 0 && errno == EINVAL) /* (before 6.3, which has no MFD_EXEC: executable anyway) */
+        mem = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     struct stat st;
     int ok = mem >= 0 && fstat(in, &st) == 0;
     for (off_t left = ok ? st.st_size : 0; ok && left > 0;) {
@@ -364,7 +375,12 @@ static int sealed_file(const char *path, const char *name) {
  * where that fails. */
 static void seal(char **argv) {
     int fd = sealed_file("/proc/self/exe", "sandbox");
-    if (fd >= 0) syscall(SYS_execveat, fd, "", argv, environ, AT_EMPTY_PATH);
+    if (fd >= 0) {
+        syscall(SYS_execveat, fd, "", argv, environ, AT_EMPTY_PATH);
+        int e = errno;
+        close(fd);
+        errno = e;
+    }
 }
 
 /* Whether the verb is the server's (`serve`, `hook serve`): its children build containers'
@@ -375,18 +391,20 @@ static int serves(int argc, char **argv, int at) {
 
 /* stdin, stdout and stderr open: a closed one is /dev/null, as runc's gives the container
  * (Go's exec does), and no file we open takes its number. */
-static void open_stdio(void) {
+static int open_stdio(void) {
     for (int fd = 0; fd < 3; fd++)
-        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
-            int null = open("/dev/null", O_RDWR);
-            if (null >= 0 && null != fd) close(null); /* (a lower one was closed too, and now is null) */
-        }
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF && open("/dev/null", O_RDWR) != fd)
+            return -1; /* (none to open: a socket of ours could take the number, and reach the container) */
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
     signal(SIGCHLD, SIG_DFL); /* (a caller's SIG_IGN would have waitpid fail: Python's too) */
-    open_stdio();
+    if (open_stdio() < 0) {
+        fprintf(stderr, "sandbox: a closed stdin, stdout or stderr, and no /dev/null to open in its place\n");
+        return 1;
+    }
     int at = verb_at(argc, argv);
     const char *verb = at ? argv[at] : NULL;
     if (verb && listed(served_verbs, verb)) {
@@ -395,24 +413,28 @@ int main(int argc, char **argv)
             return code;
     }
     if (verb && (!strcmp(verb, "exec") || !strcmp(verb, "create") || !strcmp(verb, "run"))) {
+        errno = 0;
         if (!sealed())
             seal(argv);
+        int e = errno;
         if (!sealed()) {
+            errno = e ? e : EPERM;
             fprintf(stderr, "sandbox %s: cannot run from a sealed copy of itself: %s\n", verb, strerror(errno));
             return 1;
         }
         int code = served_plan(argc, argv, at, 0);
         return code >= 0 ? code : served_plan(argc, argv, at, 1);
     }
-    char **args = calloc((size_t)argc + 4, sizeof *args);
+    char **args = calloc((size_t)argc + 5, sizeof *args);
     if (args == NULL)
         return 1;
     args[0] = SANDBOX_PYTHON;
     args[1] = "-IS";
-    args[2] = "-c";
-    args[3] = SANDBOX_CODE;
+    args[2] = "-Xutf8"; /* (paths and the request's \udcXX as bytes, whatever the locale) */
+    args[3] = "-c";
+    args[4] = SANDBOX_CODE;
     for (int i = 1; i < argc; i++)
-        args[i + 3] = argv[i];
+        args[i + 4] = argv[i];
     /* the interpreter from a read-only view of itself; a server's (whose children enter
      * containers) from a sealed copy where the kernel refuses that view */
     int fd = (int)syscall(SYS_open_tree, AT_FDCWD, SANDBOX_PYTHON, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);

@@ -3,7 +3,6 @@
 with `runc run` of the same bundle, medians and ratios:
 
   runc run                      the no-GPU bundle
-  sandbox run, own Python       no server, no planner (SANDBOX_SERVER=)
   sandbox run, own planner      no server, none started (SANDBOX_SERVER_IDLE=0): the launcher's
                                 own `serve --once` plans it, the C executor carries it out
   sandbox run, first verb       no server listens: this verb starts one (it was stopped before)
@@ -77,7 +76,6 @@ def main() -> int:
         state = work / "state"
         started = dict(os.environ, SANDBOX_SERVER=str(sock), SANDBOX_SERVER_IDLE="600")
         cold = dict(os.environ, SANDBOX_SERVER=str(work / "none" / "s.sock"), SANDBOX_SERVER_IDLE="0")
-        python = dict(os.environ, SANDBOX_SERVER="")
 
         def first(i):
             stop(sock)
@@ -86,7 +84,6 @@ def main() -> int:
         variants = {
             "runc run": lambda i: timed(["runc", "--root", str(state / "runc"), "run", "--bundle", str(plain),
                                          f"r{i}"], cold),
-            "sandbox run, own Python": lambda i: timed([SANDBOX, "run", str(plain), "--root", str(state)], python),
             "sandbox run, own planner": lambda i: timed([SANDBOX, "run", str(plain), "--root", str(state)], cold),
             "sandbox run, first verb (starts the server)": first,
             "sandbox run, next verbs": lambda i: timed([SANDBOX, "run", str(plain), "--root", str(state)], started),

@@ -414,10 +414,10 @@ def test_a_missing_bundle_is_one_line(mode, warm, tmp_path):
 @pytest.mark.parametrize("limit", [1, 2, 3])
 def test_a_low_pids_limit_the_runtime_fits_in_runs(mode, limit, warm, make_bundle, tmp_path):
     """A create has four processes in the container's cgroup while it is made (the launcher,
-    pid 1, the gofer, its builder): a lower limit is written once they are gone, and holds
-    for the container (a limit of 1: its shell cannot fork)."""
+    pid 1, the gofer, its builder, a createContainer hook): the limit is written once they are
+    gone, and holds for the container (a limit of 1: its shell cannot fork)."""
     bundle = _bundle(make_bundle, process__args=["sh", "-c", "echo ok; read m </sys/fs/cgroup/pids/pids.max; echo $m; (true) && echo forked"],
-                     linux__resources__pids={"limit": limit})
+                     linux__resources__pids={"limit": limit}, hooks={"createContainer": [{"path": "/bin/true"}]})
     r = launcher(mode, warm, "--root", tmp_path / "state", "run", "-b", bundle, unique("pids"))
     assert r.stdout.split() == ["ok", str(limit), *(["forked"] if limit > 1 else [])], r.stderr
 
