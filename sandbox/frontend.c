@@ -504,20 +504,11 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char *
     }
     /* (the namespaces' fds: closed as they were joined; their numbers may be chan's now) */
     if (!report[0]) snprintf(report, sizeof report, "pid %d\n", init);
-    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } control;
-    struct iovec iov = {.iov_base = report, .iov_len = strlen(report)};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (init > 0) {
-        close(chan[1]);
-        msg.msg_control = control.buf, msg.msg_controllen = sizeof control.buf;
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &chan[0], sizeof(int));
-    }
+    if (init > 0) close(chan[1]);
     /* a run's signals go to the container from now on, as Python's run passes them on (its
      * poststart hooks run after it has exec'd; before, an init without a handler ignores them) */
     if (init > 0 && strcmp(verb, "run") == 0) forward_signals(init);
-    ssize_t sent = sendmsg(s, &msg, 0);
+    ssize_t sent = send_fds(s, report, strlen(report), &chan[0], init > 0 ? 1 : 0, 0);
     if (chan[0] >= 0) close(chan[0]);
     int code = sent >= 0 ? server_code(s, verb) : (close(s), 1);
     char id[256] = "";

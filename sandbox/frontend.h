@@ -15,6 +15,10 @@
  * past an SO_RCVTIMEO; EMSGSIZE for a message or fds cut short: nothing kept). */
 ssize_t recv_plan(int s, char *buf, size_t cap, int *fds, int *nfds, int flags);
 
+/* data (n bytes) on s with nfds (at most 4) fds as SCM_RIGHTS, sendmsg's flags: sendmsg's
+ * result (EINTR retried). */
+ssize_t send_fds(int s, const void *data, size_t n, const int *fds, int nfds, int flags);
+
 /* The records of a plan as received (buf, *n; fds, *nfds): buf itself, or where the message
  * is "memfd" (a plan too big for one message), the contents of its first fd, which is closed
  * and taken off fds; NULL for a memfd that cannot be read (or holds a "memfd" again). */

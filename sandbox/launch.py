@@ -111,9 +111,9 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher, read=None) ->
     from mounts.errors import BundleError, SandboxError
     from sandbox.state import StateDir, new_state
 
-    # Orphans below us come to us, not to the host's init: the container's init once the
-    # gofer that forked it is gone. We can then reap it on failure, so its cgroup empties,
-    # and on success it passes on to our caller's subreaper (conmon, the shim) as we exit.
+    # Orphans below us come to us, not to the host's init: the builder once the gofer that
+    # forked it has exited (remote_init.join). We reap it, so the container's cgroup and pid
+    # namespace hold nothing of ours. (pid 1 is the launcher's child, never ours.)
     prctl.set_child_subreaper(True)
     sd = StateDir(opts.root, opts.cid)
     # creating: ours is the pid recorded (and its start time) until the init is ready; the
@@ -359,13 +359,17 @@ def _cgroup(spec, opts: Options, sd, launcher: Launcher):
     return cgroup
 
 
+# A pids limit under this is written once the container is made, not with the others: the
+# launcher, pid 1, the gofer, its builder and a createContainer hook's processes share the
+# container's cgroup until then (runc's init too is three processes at first). A limit at or
+# above it is written at once, as runc does, with no second write (a D-Bus call under systemd).
+PIDS_WHILE_MADE = 32
+
+
 def _pids_limit(resources) -> int | None:
-    """The spec's pids limit, if it sets one: written once the container is made. Until then
-    the runtime's processes share its cgroup (the launcher, pid 1, the gofer, its builder, a
-    createContainer hook), and a limit of a few would fail the create (runc's init too is
-    three processes at first)."""
+    """The spec's pids limit where it is under PIDS_WHILE_MADE, else None."""
     pids = resources.pids if resources is not None else None
-    return pids.limit if pids is not None and pids.limit > 0 else None
+    return pids.limit if pids is not None and 0 < pids.limit < PIDS_WHILE_MADE else None
 
 
 def _stream_plan(sock, request, bundle, opts: Options, spans, cgroup=None) -> None:
@@ -438,8 +442,9 @@ def _resume(sock) -> None:
 
 
 def _gofer_died(pid: int):
-    """Why no Ready came: the gofer's end, or, where it exited 0 having forked the init
-    (create's gofer leaves it to us, a subreaper), the init's."""
+    """Why no Ready came: the gofer's end, or, where it exited 0 having forked the builder
+    (which then comes to us, a subreaper), the builder's. The builder is in pid 1's pid
+    namespace: pid 1's death kills it (SIGKILL), and that is what is said then."""
     from mounts.errors import SandboxError
 
     try:
@@ -457,7 +462,8 @@ def _gofer_died(pid: int):
             if child:
                 code = exit_code(status)
                 how = f"was killed by signal {code - 128}" if code > 128 else f"exited with status {code}"
-                return SandboxError(f"the container's init {how} before it was ready")
+                who = "the container's init or its builder" if code == 128 + signal.SIGKILL else "the container's builder"
+                return SandboxError(f"{who} {how} before it was ready")  # (SIGKILL: the kernel's, at pid 1's end)
             time.sleep(0.005)
     how = f"was killed by signal {code - 128}" if code > 128 else f"exited with status {code}"
     return SandboxError(f"the gofer {how} before the container started")

@@ -135,18 +135,6 @@ static int own_planner(void) {
     return sv[0];
 }
 
-/* data (n bytes) on s with the nfds fds as SCM_RIGHTS: sendmsg's result. */
-static ssize_t send_fds(int s, const char *data, size_t n, const int *fds, int nfds) {
-    union { char buf[CMSG_SPACE(4 * sizeof(int))]; struct cmsghdr align; } control;
-    struct iovec iov = {.iov_base = (void *)data, .iov_len = n};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
-                         .msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int))};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
-    memcpy(CMSG_DATA(c), fds, (size_t)nfds * sizeof(int));
-    return sendmsg(s, &msg, 0);
-}
-
 /* The request (command line, cwd, umask, environment; stdio as SCM_RIGHTS) sent on s, a
  * connection to the warm server or to a planner of our own: s, or -1 (s closed) where it
  * could not be sent. */
@@ -175,12 +163,12 @@ static int send_request(int s, int argc, char **argv) {
     /* one message, or (bigger than that, or refused as too big for the socket's buffer) a
      * sealed memfd ("memfd", its fd first: as a plan; the server takes only a sealed one) */
     int fds[4] = {-1, 0, 1, 2};
-    ssize_t sent = req.n <= PLAN_MAX_MESSAGE ? send_fds(s, req.p, req.n, fds + 1, 3) : -1;
+    ssize_t sent = req.n <= PLAN_MAX_MESSAGE ? send_fds(s, req.p, req.n, fds + 1, 3, 0) : -1;
     if (sent < 0 && (req.n > PLAN_MAX_MESSAGE || errno == EMSGSIZE)) {
         fds[0] = memfd_create("request", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (fds[0] >= 0 && write(fds[0], req.p, req.n) == (ssize_t)req.n
             && fcntl(fds[0], F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) == 0)
-            sent = send_fds(s, "memfd", 6, fds, 4) == 6 ? (ssize_t)req.n : -1;
+            sent = send_fds(s, "memfd", 6, fds, 4, 0) == 6 ? (ssize_t)req.n : -1;
         if (fds[0] >= 0) close(fds[0]);
     }
     if (sent != (ssize_t)req.n) {
@@ -346,13 +334,14 @@ static int sealed(void) {
 
 /* path as a file no one can write, to execute: a detached read-only bind mount of it
  * (open_tree + mount_setattr, attached nowhere), or where the kernel refuses that (no
- * CAP_SYS_ADMIN, a kernel before 5.12) a copy in a sealed memfd named name (runc 1.1's
- * way). The fd, or -1. */
+ * CAP_SYS_ADMIN, a kernel before 5.12) and name is given, a copy in a sealed memfd of that
+ * name (runc 1.1's way). The fd, or -1. */
 static int sealed_file(const char *path, const char *name) {
     int fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
     struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
     if (fd >= 0 && syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) == 0) return fd;
     if (fd >= 0) close(fd);
+    if (name == NULL) return -1;
     int in = open(path, O_RDONLY | O_CLOEXEC);
     int mem = in >= 0 ? memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_EXEC) : -1;
     if (mem < 0 && in >= 0 && errno == EINVAL) /* (before 6.3, which has no MFD_EXEC: executable anyway) */
@@ -437,13 +426,7 @@ int main(int argc, char **argv)
         args[i + 4] = argv[i];
     /* the interpreter from a read-only view of itself; a server's (whose children enter
      * containers) from a sealed copy where the kernel refuses that view */
-    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, SANDBOX_PYTHON, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-    struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
-    if (fd >= 0 && syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0) {
-        close(fd);
-        fd = -1;
-    }
-    if (fd < 0 && serves(argc, argv, at)) fd = sealed_file(SANDBOX_PYTHON, "sandbox-python");
+    int fd = sealed_file(SANDBOX_PYTHON, serves(argc, argv, at) ? "sandbox-python" : NULL);
     if (fd >= 0) syscall(SYS_execveat, fd, "", args, environ, AT_EMPTY_PATH);
     execv(SANDBOX_PYTHON, args);
     fprintf(stderr, "sandbox: cannot execute %s: %s\n", SANDBOX_PYTHON, strerror(errno));

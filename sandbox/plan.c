@@ -175,6 +175,25 @@ int parse(struct plan *pl, const char *buf, size_t n, int *fds, int nfds) {
     return p == end && (pl->argc > 0 || pl->clone) && fdi == nfds ? 0 : -1; /* (every record NUL-ended) */
 }
 
+ssize_t send_fds(int s, const void *data, size_t n, const int *fds, int nfds, int flags) {
+    union { char buf[CMSG_SPACE(4 * sizeof(int))]; struct cmsghdr align; } control;
+    struct iovec iov = {.iov_base = (void *)data, .iov_len = n};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (nfds > 4) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (nfds > 0) {
+        msg.msg_control = control.buf, msg.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+        memcpy(CMSG_DATA(c), fds, (size_t)nfds * sizeof(int));
+    }
+    ssize_t sent;
+    do sent = sendmsg(s, &msg, flags); while (sent < 0 && errno == EINTR);
+    return sent;
+}
+
 ssize_t recv_plan(int s, char *buf, size_t cap, int *fds, int *nfds, int flags) {
     union { char buf[CMSG_SPACE(MAX_FDS * sizeof(int))]; struct cmsghdr align; } control;
     struct iovec iov = {.iov_base = buf, .iov_len = cap};

@@ -104,17 +104,8 @@ static void load_seccomp(struct plan *pl) {
     char *msg = malloc(strlen(pl->listener_rest) + 32);
     if (msg == NULL) fail(1, "linux.seccomp.listenerPath: cannot send the notification fd: %s", strerror(ENOMEM));
     int n = sprintf(msg, "{\"pid\":%d,%s", pl->listener_pid, pl->listener_rest);
-    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } control;
-    struct iovec iov = {.iov_base = msg, .iov_len = (size_t)n};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
-                       .msg_controllen = sizeof control.buf};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
     int notify = (int)fd;
-    c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &notify, sizeof(int));
-    ssize_t sent;
-    do sent = sendmsg(pl->listener, &m, MSG_NOSIGNAL); while (sent < 0 && errno == EINTR);
-    if (sent < 0) fail(1, "linux.seccomp.listenerPath: cannot send the notification fd: %s", strerror(errno));
+    if (send_fds(pl->listener, msg, (size_t)n, &notify, 1, MSG_NOSIGNAL) < 0) fail(1, "linux.seccomp.listenerPath: cannot send the notification fd: %s", strerror(errno));
     close(notify);
     close(pl->listener);
     pl->listener = -1;
@@ -196,17 +187,7 @@ static void open_console(struct plan *pl) {
     struct timeval limit = {.tv_sec = PLAN_CONSOLE_TIMEOUT_S};
     fcntl(pl->console, F_SETFL, fcntl(pl->console, F_GETFL) & ~O_NONBLOCK);
     setsockopt(pl->console, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
-    char name[] = "/dev/ptmx";
-    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } control;
-    struct iovec iov = {.iov_base = name, .iov_len = sizeof name - 1};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
-                         .msg_controllen = sizeof control.buf};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &master, sizeof(int));
-    ssize_t sent;
-    do sent = sendmsg(pl->console, &msg, MSG_NOSIGNAL); while (sent < 0 && errno == EINTR);
-    if (sent < 0)
+    if (send_fds(pl->console, "/dev/ptmx", 9, &master, 1, MSG_NOSIGNAL) < 0)
         fail(pl->code_process, "--console-socket: cannot send the terminal: %s",
              errno == EAGAIN || errno == EWOULDBLOCK ? "timed out" : strerror(errno));
     close(master);

@@ -502,7 +502,7 @@ def test_a_create_whose_gofer_is_killed_says_so(mode, warm, make_bundle, tmp_pat
         time.sleep(0.5)  # (a served create's line comes from the server's child, through our stderr)
         err.seek(0)
         text = err.read()
-    assert text in ("sandbox create: the container's init was killed by signal 9 before it was ready\n",
+    assert text in ("sandbox create: the container's init or its builder was killed by signal 9 before it was ready\n",
                     "sandbox create: the gofer was killed by signal 9 before the container started\n"), text
     _nothing_left(before, tmp_path / "state", cgroup, rootfs_debian)
 
