@@ -66,7 +66,7 @@ def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
     mounts = [Mount(a.source, a.target, options=IPC_OPTS if isinstance(a, A.Ipc) else FILE_OPTS)
               for a in actions if isinstance(a, A.Library | A.Binary | A.Firmware | A.Ipc)
               or isinstance(a, A.Config) and a.data is None]
-    args = list(hook)
+    args = [os.path.basename(hook[0]), *hook[1:]]
     for a in actions:
         if isinstance(a, A.Symlink) and a.target not in by_path:
             args += ["--link", f"{a.source}::{a.target}"]
@@ -81,7 +81,7 @@ def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
         nodes = [by_target[t] for b in busids for t in own[b] if t in by_target]
         mine = [(links[t], t) for b in busids for n in inventory.dri.get(b, ())
                 if (t := "/dev/dri/" + dri_link(b, n.rpartition("/")[2])) in links]
-        hooks = [Hook("createRuntime", hook[0], list(hook) + [x for c, t in mine for x in ("--link", f"{c}::{t}")],
+        hooks = [Hook("createRuntime", hook[0], args[:len(hook)] + [x for c, t in mine for x in ("--link", f"{c}::{t}")],
                       hook_env)] if mine else []
         return ContainerEdits(device_nodes=nodes, hooks=hooks)
 

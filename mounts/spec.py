@@ -145,18 +145,20 @@ OUR_CDI_HOOK = ("cdi", "hook")  # what `sandbox cdi generate` puts after the pro
 
 def cdi_hook_args(hook: Hook) -> list[str] | None:
     """The --link/--file/--cache-entry arguments of our own CDI spec's hook (sandbox/cdi_cmd.py
-    writes it: the sandbox-hook client or our Python, then "cdi hook"), or None for any other
-    hook. Done natively, it is no power a bundle's hook lacks: it only links and caches in
-    the container's own root."""
+    writes it: the `sandbox` launcher, then "cdi hook"; an older installation's: its Python
+    program, behind a C client or not, then "cdi hook"), or None for any other hook. Done
+    natively, it is no power a bundle's hook lacks: it only links and caches in the
+    container's own root."""
     args = hook.args[1:]
     for i in range(len(args) - 1):
-        if (tuple(args[i:i + 2]) == OUR_CDI_HOOK and any(ENTRY_MARK in a for a in args[:i])
+        ours = (i == 0 and os.path.basename(hook.path) == "sandbox") or any(ENTRY_MARK in a for a in args[:i])
+        if (tuple(args[i:i + 2]) == OUR_CDI_HOOK and ours
                 and len(args[i + 2:]) % 2 == 0 and all(a in ("--link", "--file", "--cache-entry") for a in args[i + 2::2])):
             return args[i + 2:]
     return None
 
 
-ENTRY_MARK = "from sandbox.cli import"  # in our Python's -c program (sandbox/launcher.py's MARK)
+ENTRY_MARK = "from sandbox.cli import"  # in an older installation's -c program (sandbox/launcher.py's MARK)
 
 
 def is_nvidia_hook(hook: Hook) -> bool:

@@ -5,8 +5,8 @@ The hook makes the driver's links and the container's ld.so.cache with our own w
 an overlay of the image's directories, before pivot_root, with the state on stdin. Our spec
 names it a createRuntime hook: the runtime runs it in its own namespaces, it joins the
 container's mount namespace by the state's pid (gofer/embed.py), and so the warm server can
-do it (the spec names the C client, sandbox/hook_client.c, where it is built: no Python
-starts per container). Written as a createContainer hook (runc and crun run those inside
+do it (the spec names the `sandbox` launcher, the server's client: no Python starts per
+container). Written as a createContainer hook (runc and crun run those inside
 the container's mount namespace) it mounts where it is. It never runs ldconfig or anything
 of the image's, uses only its own environment and works from "/", not the rootfs
 (CVE-2025-23266, CVE-2025-23267).
@@ -39,7 +39,7 @@ def main(args) -> int:
 def generate(args) -> int:
     from mounts.driver import discover
     from sandbox.hook_cmd import hook_env
-    from sandbox.launcher import entry_code
+    from sandbox.launcher import installed
 
     inventory = discover(args.driver_root, args.dev_root)
     if getattr(args, "debug", False):  # what discovery passed over: wrappers, links leading nowhere ...
@@ -47,11 +47,7 @@ def generate(args) -> int:
             print(f"sandbox cdi generate: debug: {note}", file=sys.stderr)
     if not inventory.gpus:
         raise SandboxError(f"{inventory.dev_root}: no NVIDIA GPU found (/proc/driver/nvidia/gpus is empty)")
-    hook = [sys.executable, "-I", "-S", "-c", entry_code(), "cdi", "hook"]
-    client = os.path.join(os.path.dirname(sys.executable), "sandbox-hook")  # (scripts/setup builds it)
-    if os.access(client, os.X_OK):
-        hook = [client, *hook]  # the warm server's client, which execs the Python hook without one
-    spec = cdi_generate.generate(inventory, hook, hook_env())
+    spec = cdi_generate.generate(inventory, [installed(), "cdi", "hook"], hook_env())
     if args.format == "json":
         text = msgspec.json.format(msgspec.json.encode(spec), indent=2).decode() + "\n"
     else:

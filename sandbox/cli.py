@@ -32,11 +32,6 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
 
             stderr_line(f"sandbox hook: the container's state is read on stdin, not from a terminal: {HOW}")
             return 2
-        from sandbox import server_client
-
-        code = server_client.forward(argv)  # a warm server, if one listens
-        if code is not None:
-            return code
     flags._ARGV[:] = argv
     args = flags.hook_args(argv) or flags.lean_args(argv) or flags.parser().parse_args(argv)
     from mounts.errors import SandboxError

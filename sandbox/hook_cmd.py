@@ -6,8 +6,9 @@ config.json, join the container's mount namespace and mount into its rootfs: the
 path as ``sandbox run``, through sandbox.api.
 
 Defences (CVE-2025-23266): nothing of the image's environment is used but the NVIDIA_*
-request; we start no process; the hook entry we install runs Python isolated (-I: no
-PYTHON* variables, no cwd on sys.path) with a fixed PATH, from "/" not the rootfs.
+request; we start no process; the hook entry we install is the `sandbox` launcher (the warm
+server's client; without one it runs Python isolated, -IS: no PYTHON* variables, no cwd on
+sys.path) with a fixed PATH, and the work is done from "/" not the rootfs.
 
 ``sandbox hook install BUNDLE`` adds that entry to the bundle's config.json.
 """
@@ -86,6 +87,16 @@ def run_hook(args, state_json: bytes) -> int:
     return 0
 
 
+def ours(entry: dict) -> bool:
+    """Whether a hook entry is one `hook install` wrote: the launcher's `hook`, or an older
+    installation's (our Python's -c program, behind its C client or not)."""
+    from sandbox.launcher import MARK
+
+    args = entry.get("args") or []
+    return (os.path.basename(str(entry.get("path", ""))) == "sandbox" and args[1:2] == ["hook"]) or \
+        any(MARK in str(a) for a in args)
+
+
 def install(args) -> int:
     """Add (or replace) our entry in config.json's hooks, written atomically."""
     import json
@@ -102,12 +113,9 @@ def install(args) -> int:
         raise BundleError(f"{config}: invalid JSON: {e}") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("hooks", {}), dict):
         raise BundleError(f"{config}: hooks must be an object")
-    # argv[0] is the venv's own python. -I: no PYTHON* variables, no user site, no cwd on
-    # sys.path; -S: no site at all (entry_code sets the paths); -c rather than -m: no runpy.
-    from sandbox.launcher import MARK, entry_code
-
-    hook_args = [sys.executable, "-I", "-S", "-c", entry_code(), "hook",
-                 "--driver-root", os.path.abspath(args.driver_root)]
+    # the `sandbox` launcher: a hook the warm server serves starts no Python; where none is of
+    # use, it runs our Python isolated (-IS) with this installation's paths (sandbox/launcher.c)
+    hook_args = ["sandbox", "hook", "--driver-root", os.path.abspath(args.driver_root)]
     if args.dev_root:
         hook_args += ["--dev-root", os.path.abspath(args.dev_root)]
     if args.capabilities:
@@ -116,14 +124,12 @@ def install(args) -> int:
         hook_args += ["--trace", os.path.abspath(args.trace)]
     if args.server:
         hook_args += ["--server", os.path.abspath(args.server)]
-    entry = {"path": sys.executable, "args": hook_args, "env": hook_env()}
-    client = os.path.join(os.path.dirname(sys.executable), "sandbox-hook")  # (scripts/setup builds it)
-    if not args.trace and os.access(client, os.X_OK):
-        # the warm server's client in C: no Python starts unless the server is of no use
-        entry = {"path": client, "args": ["sandbox-hook", *hook_args], "env": hook_env()}
+    from sandbox.launcher import installed
+
+    entry = {"path": installed(), "args": hook_args, "env": hook_env()}
     hooks = spec.setdefault("hooks", {})
     for stage in ("prestart", "createRuntime"):
-        hooks[stage] = [h for h in hooks.get(stage, []) if not any(MARK in a for a in h.get("args", []))]
+        hooks[stage] = [h for h in hooks.get(stage, []) if not ours(h)]
         if not hooks[stage]:
             del hooks[stage]
     hooks.setdefault(args.stage, []).append(entry)

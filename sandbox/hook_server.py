@@ -1,33 +1,22 @@
 """The warm server (`sandbox serve`, or `sandbox hook serve`): a resident process that has
-imported everything once and forks a child per request, for hooks and for the verbs that
-start no process (SERVED); and the hook's client side of it, which every hook tries first.
+imported everything once and forks a child per request, for OCI hooks and for the verbs
+that start no process (SERVED); and the planner of exec, create and run.
 
 A hook is a new Python process per container: its interpreter and imports (msgspec, the
-plan, the ELF reader) are ~20 ms of the ~25 it adds to `runc run`, its work ~5. With
-`sandbox hook serve` running, the hook runs only the client below (no msgspec, no plan):
-it sends its arguments and the container state over a unix socket and prints the answer.
-Without a server (none started, or killed: the socket refuses) the hook does the work
-itself, as before; nothing else changes.
+plan, the ELF reader) are ~20 ms of the ~25 it adds to `runc run`, its work ~5. The hook
+entries `hook install` and `cdi generate` write run the `sandbox` launcher (C), which sends
+the hook's call to the server as a verb (below), the container state on the stdin it
+passes; where no server is of use, it runs our Python, which does the work itself.
 
-    hook (client, per container)          server (resident)        child (per request)
-    ----------------------------          -----------------        -------------------
-    connect SOCKET  ----------------->    accept, peer uid 0?
-    {"argv", "stdin"} --------------->    fork ---------------->   the hook's work, as
-                                                                   `sandbox hook` does it
-                    <------------------------------------------    {"code", "error"}
-    print the error line, exit code
-    (or {"fallback": why} from either: a peer or arguments the server does not serve;
-    the client then does the work itself, as without a server)
+Only root with CAP_SYS_ADMIN in our namespaces and root may be served (SO_PEERCRED and
+/proc: _trusted_peer); the socket lives in a directory only root can enter, reached from /
+through directories only root can change (mounts/trusted.py: the server refuses to start
+otherwise, and the filter cache beside the socket is checked so at each use). The accept
+loop never waits on a peer: one it declines is answered at once, a trusted one waits in
+its poll set until its request comes.
 
-The child has the hook's environment, not the server's (PATH only) and works from "/":
-what reaches it is what reaches a hook. Only root may connect (SO_PEERCRED); the socket
-lives in a directory only root can enter, reached from / through directories only root can
-change (mounts/trusted.py: the server refuses to start otherwise, and the filter cache
-beside the socket is checked so at each use). The accept loop never waits on a peer: one it
-declines is answered at once, a trusted one waits in its poll set until its request comes.
-
-A served verb (state, kill, delete, start, ...) comes from the `sandbox` launcher itself
-(sandbox/launcher.c), never from Python:
+A served verb (state, kill, delete, start, ..., a hook's `hook` and `cdi hook`) comes from
+the `sandbox` launcher itself (sandbox/launcher.c), never from Python:
 
     launcher (the verb's process)          server                   child
     {"verb": argv, "cwd", "umask", "env"}
@@ -64,8 +53,13 @@ from __future__ import annotations
 import os
 import sys
 
-from sandbox.server_client import unpack_cred
 from sandbox.wire import MAX_REQUEST, SERVED, SOCKET
+
+
+def unpack_cred(data: bytes) -> tuple[int, int, int]:
+    """SO_PEERCRED's struct ucred: (pid, uid, gid)."""
+    return (int.from_bytes(data[0:4], sys.byteorder, signed=True), int.from_bytes(data[4:8], sys.byteorder),
+            int.from_bytes(data[8:12], sys.byteorder))
 
 
 def _trusted_peer(conn) -> bool:
@@ -150,7 +144,7 @@ def serve(args, main) -> int:
 
     # the inventories our children discover come back here, for the children forked after
     reports, inventories.REPORT = inventories.report_pair()
-    print(f"sandbox hook serve: listening on {path}", file=sys.stderr, flush=True)
+    print(f"sandbox serve: listening on {path}", file=sys.stderr, flush=True)
 
     def stop(_signum, _frame):
         raise SystemExit(0)
@@ -189,7 +183,7 @@ def serve(args, main) -> int:
                 if leaving is not None:
                     break  # (what came before the socket went, and while it lingered, is served)
                 # idle: the socket goes first, then those already queued on it are served
-                print(f"sandbox hook serve: idle {idle} s: leaving", file=sys.stderr, flush=True)
+                print(f"sandbox serve: idle {idle} s: leaving", file=sys.stderr, flush=True)
                 _unbind(path)
                 leaving = now
                 continue
@@ -235,7 +229,7 @@ def serve(args, main) -> int:
                 conn.close()
         return 0
     except SandboxError as e:
-        print(f"sandbox hook serve: {e}", file=sys.stderr)
+        print(f"sandbox serve: {e}", file=sys.stderr)
         return 1
     finally:
         _unbind(path)  # (before the listener closes: no client may find a socket nobody answers)
@@ -354,7 +348,7 @@ def _fork_child(conn, others: list, wake: tuple[int, int], main) -> None:
         try:
             code = _handle(conn, main)
         except BaseException as e:  # never back into the accept loop
-            print(f"sandbox hook serve: {e}", file=sys.stderr)
+            print(f"sandbox serve: {e}", file=sys.stderr)
         finally:
             os._exit(code)
     _children.add(child)
@@ -473,7 +467,7 @@ def _filter_cache(path: str) -> None:
         finally:
             os.close(fd)
     except (OSError, SandboxError) as e:
-        print(f"sandbox hook serve: no seccomp filter cache: {e}", file=sys.stderr, flush=True)
+        print(f"sandbox serve: no seccomp filter cache: {e}", file=sys.stderr, flush=True)
         return
     seccomp.CACHE = os.path.join(top, str(os.getpid()))
 
@@ -529,7 +523,8 @@ def _handle(conn, main) -> int:
         return _run_verb(conn, request, fds, main)
     for fd in fds:
         os.close(fd)
-    return _run_hook(conn, request)
+    _decline(conn, "a request the launcher does not send", read=False)
+    return 0
 
 
 def _run_verb(conn, request: dict, fds: list[int], main) -> int:
@@ -542,8 +537,13 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
 
     t = time.monotonic()
     argv, cwd, umask, env = request.get("verb") or [], request.get("cwd"), request.get("umask"), request.get("env")
-    verb = flags.verb_of(argv) if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
-    if not ((verb in SERVED or verb in ("exec", "create", "run")) and isinstance(cwd, str) and isinstance(umask, int)
+    at = flags.verb_index(argv) if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
+    verb = argv[at] if at is not None else None
+    hook = at is not None and _hook_call(argv[at:])
+    if hook and "--trace" in argv:
+        _decline(conn, "a hook's trace is the hook's own to write", read=False)
+        return 0
+    if not ((verb in SERVED or verb in ("exec", "create", "run") or hook) and isinstance(cwd, str) and isinstance(umask, int)
             and 0 <= umask <= 0o777 and isinstance(env, list) and all(isinstance(e, str) and "=" in e for e in env)
             and len(fds) == 3):
         _decline(conn, "a request the launcher does not send", read=False)
@@ -613,6 +613,14 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     return 0
 
 
+def _hook_call(argv: list[str]) -> bool:
+    """Whether ``argv`` (from the verb on) is an OCI hook's call, served as a verb: `hook` as
+    `hook install` writes it, or our CDI spec's `cdi hook` (launcher.c's hook_call)."""
+    if argv[:2] == ["cdi", "hook"]:
+        return True
+    return argv[:1] == ["hook"] and "install" not in argv and "serve" not in argv
+
+
 def _sealed() -> bool:
     """Whether our interpreter is a file no one can write (CVE-2019-5736): on a read-only
     mount, or a memfd sealed against writes (sandbox/launcher.c runs a server so)."""
@@ -630,52 +638,6 @@ def _sealed() -> bool:
         return False
     finally:
         os.close(fd)
-
-
-def _run_hook(conn, request) -> int:
-    """One hook (``request``: the client's JSON, decoded; None if it was none), answered on ``conn``."""
-    import time
-
-    from mounts.errors import SandboxError
-    from sandbox import flags, hook_cmd
-    from sandbox.config import resolve
-    from sandbox.jsonlite import dumps, loads
-
-    t = time.monotonic()
-    os.environ.clear()  # the hook's environment, which is PATH alone (hook_cmd.HOOK_ENV)
-    os.environ.update(item.partition("=")[::2] for item in hook_cmd.HOOK_ENV)  # (each has an =)
-    code, error, cid = 1, "", "?"
-    try:
-        if not isinstance(request, dict):
-            raise ValueError("not a JSON object")
-        args = flags.hook_args(request["argv"]) or flags.cdi_hook_args(request["argv"])
-        if args is None or getattr(args, "trace", None):  # (a trace is the hook's own to write: never ours)
-            _decline(conn, "arguments only the hook itself reads", read=False)
-            return 0
-        cwd = request.get("cwd")  # (relative paths are the client's: runc starts a hook in the bundle)
-        if cwd is not None:
-            try:
-                os.chdir(cwd)
-            except (OSError, TypeError, ValueError) as e:
-                _decline(conn, f"cwd {cwd!r}: {getattr(e, 'strerror', None) or e}", read=False)
-                return 0
-        state = request["stdin"].encode("utf-8", "surrogateescape")
-        cid = str(loads(request["stdin"]).get("id", "?")) if request["stdin"].lstrip().startswith("{") else "?"
-        if args.verb == "cdi":
-            from sandbox import cdi_cmd
-
-            code = cdi_cmd.hook(args, state)
-        else:
-            resolve(args)
-            code = hook_cmd.run_hook(args, state)
-    except (SandboxError, OSError) as e:
-        code, error = (e.exit_code if isinstance(e, SandboxError) else 1), str(e)
-    except (ValueError, KeyError, TypeError, UnicodeError) as e:
-        error = f"bad request: {e}"
-    conn.sendall(dumps({"code": code, "error": error}).encode())
-    # one write per line: children log at once
-    os.write(2, f"sandbox hook serve: {cid}: exit {code} in {(time.monotonic() - t) * 1e3:.1f} ms\n".encode())
-    return 0
 
 
 def _decline(conn, why: str, read: bool = True) -> None:

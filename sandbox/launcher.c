@@ -14,7 +14,9 @@
  * (runc 1.1's way). Other verbs run the interpreter from the read-only view where they can.
  *
  * A verb that starts no process of the container's (state, kill, delete, start, ...: the
- * warm server's SERVED) is first offered to the warm server (sandbox/hook_server.py, at
+ * warm server's SERVED), and an OCI hook's call (`hook`, `cdi hook`: `hook install` and `cdi
+ * generate` write this program into hook entries, so a hook served warm starts no Python),
+ * is first offered to the warm server (sandbox/hook_server.py, at a hook's --server,
  * $SANDBOX_SERVER or /run/gpu-sandbox/hook.sock; SANDBOX_SERVER= never; where none listens
  * and the caller is the node's root, one is started, sandbox/server_connect.h): the request carries
  * the command line, the cwd, the umask and the environment (a byte that is not UTF-8 as
@@ -98,9 +100,24 @@ static int json_strings(struct buf *b, char **v, int n, int vars) {
     return 0;
 }
 
+static const char *socket_path; /* the server's: $SANDBOX_SERVER or DEFAULT_SOCKET; a hook's --server */
+
 static const char *server_path(void) {
-    const char *path = getenv("SANDBOX_SERVER");
-    return path ? path : DEFAULT_SOCKET;
+    if (socket_path == NULL) socket_path = getenv("SANDBOX_SERVER") ? getenv("SANDBOX_SERVER") : DEFAULT_SOCKET;
+    return socket_path;
+}
+
+/* Whether argv[at] is an OCI hook's call (`hook ...` as `hook install` writes it, or our CDI
+ * spec's `cdi hook ...`), which the server runs as a verb, the container's state on the
+ * stdin passed to it. Not `hook install` or `hook serve`. A hook's --server names the socket. */
+static int hook_call(int argc, char **argv, int at) {
+    int cdi = !strcmp(argv[at], "cdi") && at + 1 < argc && !strcmp(argv[at + 1], "hook");
+    if (strcmp(argv[at], "hook") && !cdi) return 0;
+    for (int i = at + 1; i < argc; i++) {
+        if (!cdi && (!strcmp(argv[i], "install") || !strcmp(argv[i], "serve"))) return 0;
+        if (!strcmp(argv[i], "--server") && i + 1 < argc) socket_path = argv[i + 1];
+    }
+    return 1;
 }
 
 /* No server to plan exec, create or run: a planner of our own, this program's `serve --once`
@@ -396,7 +413,7 @@ int main(int argc, char **argv)
     }
     int at = verb_at(argc, argv);
     const char *verb = at ? argv[at] : NULL;
-    if (verb && listed(served_verbs, verb)) {
+    if (verb && (listed(served_verbs, verb) || hook_call(argc, argv, at))) {
         int code = served(argc, argv);
         if (code >= 0)
             return code;

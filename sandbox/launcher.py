@@ -1,7 +1,8 @@
 """The `sandbox` executable as engines run it, once per verb per container: Python isolated
 and without site (``-IS``: no PYTHON* variables, no user site, no cwd on sys.path, and ~3 ms
 less per start), with this installation's import paths baked in. `scripts/setup` writes it
-over pip's console script; `sandbox hook install` puts the same program in a hook entry.
+over pip's console script; `sandbox hook install` and `sandbox cdi generate` put the same
+program in hook entries.
 
 It is sandbox/launcher.c, built here with the interpreter and the program baked in: it runs
 from a sealed view of itself (CVE-2019-5736, see there), has the warm server run the verbs
@@ -11,10 +12,8 @@ executor: frontend.c, plan.c, process.c). A C compiler is needed to install sand
     python -m sandbox.launcher PATH [--strip DESTDIR]
                                         writes the launcher to PATH (naming the interpreter and
                                         the import paths without DESTDIR: a staged install's)
-    python -m sandbox.launcher --hook-client PATH
-                                        writes the hook's C client (sandbox/hook_client.c)
 
-Both are built with the header sandbox/wire.py writes (the wire's numbers, the plan's tables).
+It is built with the header sandbox/wire.py writes (the wire's numbers, the plan's tables).
 """
 
 from __future__ import annotations
@@ -23,7 +22,19 @@ import os
 import sys
 
 MAIN = "from sandbox.cli import run; run(sys.argv[1:])"
-MARK = "from sandbox.cli import"  # what tells our hook entries (this MAIN or an older one) apart
+MARK = "from sandbox.cli import"  # what tells an older installation's hook entries (its Python's) apart
+
+
+def installed() -> str:
+    """The launcher of this installation, as hook entries name it: beside the interpreter
+    (scripts/setup and scripts/install write it there)."""
+    from mounts.errors import SandboxError
+
+    path = os.path.join(os.path.dirname(sys.executable), "sandbox")
+    if not os.access(path, os.X_OK):
+        raise SandboxError(f"{path}: no `sandbox` launcher beside the interpreter (scripts/setup or scripts/install "
+                           "writes it)")
+    return os.path.realpath(path)
 
 
 def import_paths() -> list[str]:
@@ -57,11 +68,6 @@ def write_launcher(path: str, strip: str = "") -> None:
            f"#define SANDBOX_PYTHON {c_string(_unstaged(sys.executable, strip))}\n"
            f"#define SANDBOX_CODE {c_string(entry_code(strip))}\n"
            f"#define SANDBOX_GLOBAL_VALUES {', '.join(map(c_string, GLOBAL_VALUES))}\n")
-
-
-def write_hook_client(path: str, defines: tuple[str, ...] = ()) -> None:
-    """The hook's C client (hook_client.c) at ``path``; ``defines``: -D's (a test's deadline)."""
-    _build(path, ["hook_client.c"], "", defines)
 
 
 def _cc() -> str | None:
@@ -106,7 +112,4 @@ def _install(path: str, data: bytes) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--hook-client"]:
-        write_hook_client(sys.argv[2])
-    else:
-        write_launcher(sys.argv[1], sys.argv[3] if sys.argv[2:3] == ["--strip"] else "")
+    write_launcher(sys.argv[1], sys.argv[3] if sys.argv[2:3] == ["--strip"] else "")

@@ -1,5 +1,5 @@
-/* The client's half of the warm server's wire (sandbox/hook_server.py), shared by the hook's
- * client (hook_client.c) and the `sandbox` launcher (launcher.c): one JSON object per
+/* The client's half of the warm server's wire (sandbox/hook_server.py), the `sandbox`
+ * launcher's (launcher.c, its one client, for verbs and hooks): one JSON object per
  * SOCK_SEQPACKET message each way, written and read here without a JSON library. */
 #ifndef SANDBOX_SERVER_WIRE_H
 #define SANDBOX_SERVER_WIRE_H
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* MAX_REQUEST, DEFAULT_SOCKET, TAKE_UP_S, REPORT_ANSWER_S, REPLY_TIMEOUT, SANDBOX_SERVED:
+/* MAX_REQUEST, DEFAULT_SOCKET, TAKE_UP_S, REPORT_ANSWER_S, SANDBOX_SERVED:
  * sandbox/wire.py's, in the header sandbox/launcher.py builds every C program with */
 #include SANDBOX_CONFIG
 

@@ -1,15 +1,14 @@
 """The warm server's wire, written once: the socket, the limits and deadlines both sides keep,
-the verbs the launcher has served, and (c_header) the same as the C header the launcher, its
-executor and the hook's client are built with (sandbox/launcher.py writes it), so C and
-Python can never disagree. The server is sandbox/hook_server.py; its clients
-sandbox/server_client.py (Python), sandbox/launcher.c and sandbox/hook_client.c (C, with
-sandbox/server_wire.h); the process plan's records are gofer/frontend_plan.py's."""
+the verbs the launcher has served, and (c_header) the same as the C header the launcher and its
+executor are built with (sandbox/launcher.py writes it), so C and
+Python can never disagree. The server is sandbox/hook_server.py; its one client the
+launcher, sandbox/launcher.c (with sandbox/server_wire.h), for verbs and hooks alike; the
+process plan's records are gofer/frontend_plan.py's."""
 
 from __future__ import annotations
 
-SOCKET = "/run/gpu-sandbox/hook.sock"  # the node's server (the hook's default; the launcher's: $SANDBOX_SERVER)
+SOCKET = "/run/gpu-sandbox/hook.sock"  # the node's server (else $SANDBOX_SERVER, a hook's --server)
 MAX_REQUEST = 1 << 20  # bytes of one message either way
-REPLY_TIMEOUT = 60  # s a hook's client waits for the answer, then does the work itself
 # s the launcher waits for the server's first answer ({"running"}, a plan, {"fallback"}), which
 # its child sends at once (a create's once the bundle is read): past it, the verb runs in the
 # launcher's Python (a server stopped, or stalled)
@@ -28,6 +27,5 @@ def c_header() -> str:
     from gofer.frontend_plan import c_defines
 
     return (f"#define DEFAULT_SOCKET {c_string(SOCKET)}\n#define MAX_REQUEST {MAX_REQUEST}\n"
-            f"#ifndef REPLY_TIMEOUT\n#define REPLY_TIMEOUT {REPLY_TIMEOUT}\n#endif\n"
             f"#define TAKE_UP_S {TAKE_UP_S}\n#define REPORT_ANSWER_S {REPORT_ANSWER_S}\n"
             f"#define SANDBOX_SERVED {', '.join(map(c_string, SERVED))}\n{c_defines()}")

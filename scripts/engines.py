@@ -67,7 +67,7 @@ class WarmServer:
     def served(self) -> int:
         """How many verbs and hooks it has served so far."""
         return sum(1 for line in self.log.read_text().splitlines()
-                   if line.startswith(("sandbox serve: ", "sandbox hook serve: ")) and ": exit " in line)
+                   if line.startswith("sandbox serve: ") and ": exit " in line)
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -96,7 +96,7 @@ def test_podman_consumes_our_spec(driver_root, tmp_path, served):
         shutil.rmtree(base, ignore_errors=True)
     assert r.returncode == 0, (r.stdout, r.stderr)
     if served:  # each container the common hook, and the DRI links of its GPUs (none for the MIG one)
-        hooks = [line for line in log.read_text().splitlines() if line.startswith("sandbox hook serve: ")
+        hooks = [line for line in log.read_text().splitlines() if line.startswith("sandbox serve: cdi: cdi hook ")
                  and ": exit " in line]
         assert len(hooks) == 5 and all(": exit 0 in " in line for line in hooks), log.read_text()
     everything, one, mig = r.stdout.split("===\n")

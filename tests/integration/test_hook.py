@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.integration.helpers import mount_table, sandbox, tree
+from tests.integration.helpers import CLI, mount_table, sandbox, tree
 from tests.integration.test_hostile import CASES, _break
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
@@ -72,9 +72,23 @@ def test_install_is_idempotent_and_keeps_other_hooks(make_bundle, driver_root):
     assert "createRuntime" not in hooks
     assert [h["path"] for h in hooks["prestart"]] == ["/bin/true", hooks["prestart"][1]["path"]]
     ours = hooks["prestart"][1]["args"]
-    # the C client (scripts/setup builds it) with the Python hook it falls back to
-    assert hooks["prestart"][1]["path"].endswith("/sandbox-hook") and ours[0] == "sandbox-hook"
-    assert ours[2:5] == ["-I", "-S", "-c"] and "from sandbox.cli import run" in ours[5] and ours[6] == "hook"
+    # the launcher (scripts/setup builds it), the warm server's client, which runs our Python without one
+    assert hooks["prestart"][1]["path"] == os.path.realpath(CLI[0]) and ours[:2] == ["sandbox", "hook"]
+
+
+def test_an_older_installations_entry_is_replaced(make_bundle, driver_root):
+    """An entry of an older installation (its C client in front of our Python's -c program)
+    is ours too: install replaces it, and leaves one."""
+    bundle = make_bundle(["true"])
+    config = bundle / "config.json"
+    spec = json.loads(config.read_text())
+    code = "import sys; sys.path[:0] = ['/opt/x']; from sandbox.cli import run; run(sys.argv[1:])"
+    spec["hooks"] = {"createRuntime": [{"path": "/opt/x/venv/bin/sandbox-hook",
+                                        "args": ["sandbox-hook", "/opt/x/venv/bin/python", "-I", "-S", "-c", code, "hook"]}]}
+    config.write_text(json.dumps(spec))
+    install(bundle, driver_root)
+    hooks = json.loads(config.read_text())["hooks"]["createRuntime"]
+    assert len(hooks) == 1 and hooks[0]["args"][:2] == ["sandbox", "hook"], hooks
 
 
 def test_no_gpu_bundle_touches_nothing(make_bundle, driver_root, tmp_path):
@@ -293,11 +307,11 @@ def test_two_hooks_of_one_container_at_once_mount_once(make_bundle, driver_root,
     config = bundle / "config.json"
     spec = json.loads(config.read_text())
     hook = spec["hooks"]["prestart"][0]
-    python_hook = hook["args"][1:]  # (the C client's fallback: the Python hook itself)
+    ours = [hook["path"], *hook["args"][1:]]
     both = ('cat > "$0"; "$@" < "$0" & p=$!; "$@" < "$0"; b=$?; wait $p; a=$?; "$@" < "$0"; c=$?; '
             'echo "hooks $a $b $c" >&2; [ "$a$b$c" = 000 ]')
     spec["hooks"]["prestart"] = [{"path": "/bin/sh", "args": ["sh", "-c", both, str(tmp_path / "state.json"),
-                                                             *python_hook], "env": hook["env"]}]
+                                                             *ours], "env": hook["env"]}]
     config.write_text(json.dumps(spec))
     r = runc(bundle, tmp_path / "state")
     assert r.returncode == 0, r.stderr

@@ -27,12 +27,13 @@ def test_an_install_runs_bundles_and_names_no_checkout_path(tmp_path, make_bundl
     assert r.returncode == 0 and r.stdout.splitlines() == ["/dev/nvidia0", "ran"], r.stderr
     version = subprocess.run([str(sandbox), "--version"], capture_output=True, text=True, cwd="/").stdout
     assert "commit: unknown" not in version and "libseccomp:" in version
-    # a hook installed from there runs the installed copy, and so does its C client
+    # a hook installed from there runs the installed launcher (found beside the interpreter)
     r = subprocess.run([str(sandbox), "hook", "install", str(bundle), "--driver-root", str(driver_root)],
                        capture_output=True, text=True, timeout=60, cwd="/")
     assert r.returncode == 0, r.stderr
     hook = json.loads((bundle / "config.json").read_text())["hooks"]["createRuntime"][0]
-    assert hook["path"] == str(prefix / "venv/bin/sandbox-hook") and hook["args"][1] == str(prefix / "venv/bin/python")
+    assert hook["path"] == str(sandbox) and hook["args"][:2] == ["sandbox", "hook"], hook
+    assert os.readlink(prefix / "venv/bin/sandbox") == "../../bin/sandbox"
     assert (etc / "config.toml.example").is_file()
     units = prefix / "lib/systemd/system"
     assert sorted(p.name for p in units.iterdir()) == ["gpu-sandbox.service", "gpu-sandbox.socket"]

@@ -127,12 +127,15 @@ def test_our_cdi_hook_is_done_natively_and_no_other():
     from mounts.spec import Hook, Hooks, cdi_hook_args
 
     code = "import sys; sys.path[:0] = ['/opt/x']; from sandbox.cli import run; run(sys.argv[1:])"
-    ours = Hook("/opt/x/bin/sandbox-hook", ["sandbox-hook", "/usr/bin/python3", "-I", "-S", "-c", code, "cdi", "hook",
-                                            "--link", "libcuda.so.1::/usr/lib/libcuda.so",
-                                            "--cache-entry", "libcuda.so.1::/usr/lib/libcuda.so.1::0x303"])
+    links = ["--link", "libcuda.so.1::/usr/lib/libcuda.so", "--cache-entry", "libcuda.so.1::/usr/lib/libcuda.so.1::0x303"]
+    ours = Hook("/opt/x/bin/sandbox", ["sandbox", "cdi", "hook", *links])
+    older = Hook("/opt/x/bin/sandbox-hook", ["sandbox-hook", "/usr/bin/python3", "-I", "-S", "-c", code, "cdi", "hook",
+                                             *links])  # (an older installation's spec)
     foreign = Hook("/usr/bin/tool", ["tool", "cdi", "hook", "--link", "a::/b"])
     odd = Hook("/usr/bin/python3", ["python3", "-c", code, "cdi", "hook", "--link"])
-    assert cdi_hook_args(ours) == ours.args[8:] and cdi_hook_args(foreign) is None and cdi_hook_args(odd) is None
+    late = Hook("/opt/x/bin/sandbox", ["sandbox", "--debug", "cdi", "hook", *links])
+    assert cdi_hook_args(ours) == cdi_hook_args(older) == links
+    assert cdi_hook_args(foreign) is None and cdi_hook_args(odd) is None and cdi_hook_args(late) is None
     hooks = Hooks(create_runtime=[ours, foreign])
     assert hooks.ours().create_runtime == [foreign]
     actions = spec_hook_actions(hooks.cdi_args())

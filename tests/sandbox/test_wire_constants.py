@@ -18,7 +18,7 @@ PROGRAM = r"""
 #include "server_wire.h"
 int main(void) {
     static const char *const served[] = {SANDBOX_SERVED, NULL};
-    printf("%s %d %d %d %d %d %d %d\n", DEFAULT_SOCKET, MAX_REQUEST, REPLY_TIMEOUT, TAKE_UP_S, REPORT_ANSWER_S,
+    printf("%s %d %d %d %d %d %d\n", DEFAULT_SOCKET, MAX_REQUEST, TAKE_UP_S, REPORT_ANSWER_S,
            PLAN_MAX_FDS, PLAN_MAX_NS, PLAN_MAX_CGROUPS);
     for (int i = 0; served[i]; i++) printf("%s\n", served[i]);
     return 0;
@@ -32,7 +32,7 @@ def test_the_c_clients_numbers_are_pythons(tmp_path):
     (tmp_path / "print.c").write_text(PROGRAM.replace('"server_wire.h"', f'"{SANDBOX / "server_wire.h"}"'))
     launcher._build(str(tmp_path / "print"), [str(tmp_path / "print.c")], "")  # (an absolute source: that one)
     out = subprocess.run([str(tmp_path / "print")], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out[0].split() == [wire.SOCKET, *map(str, (wire.MAX_REQUEST, wire.REPLY_TIMEOUT, wire.TAKE_UP_S,
+    assert out[0].split() == [wire.SOCKET, *map(str, (wire.MAX_REQUEST, wire.TAKE_UP_S,
                               wire.REPORT_ANSWER_S, frontend_plan.MAX_FDS, frontend_plan.MAX_NS,
                               frontend_plan.MAX_CGROUPS))]
     assert tuple(out[1:]) == wire.SERVED
