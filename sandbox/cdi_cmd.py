@@ -42,7 +42,7 @@ def generate(args) -> int:
     from sandbox.launcher import installed
 
     inventory = discover(args.driver_root, args.dev_root)
-    if getattr(args, "debug", False):  # what discovery passed over: wrappers, links leading nowhere ...
+    if args.debug:  # what discovery passed over: wrappers, links leading nowhere ...
         for note in inventory.notes:
             print(f"sandbox cdi generate: debug: {note}", file=sys.stderr)
     if not inventory.gpus:

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
     except (SandboxError, OSError) as e:  # a SyscallError names its operation and path
         msg = f"sandbox {args.verb}: {one_line(e)}"
         log_error(args, msg)  # first: under an engine's shim stderr may be /dev/null, read-only
-        if getattr(args, "debug", False):
+        if args.debug:
             import traceback
 
             traceback.print_exc()

@@ -65,10 +65,11 @@ def load_config(flag: str | None = None) -> Config:
 def resolve(args) -> None:
     """Fill what the command line (sandbox/flags.py) left open: the config file's driver root, device root and
     capability ceiling, then the defaults; runc's run (ID) or ours (BUNDLE)."""
-    if getattr(args, "root", None) is None:
+    if args.root is None:
         from sandbox.flags import DEFAULT_ROOT
 
         args.root = DEFAULT_ROOT
+    args.max_capabilities = None
     if args.verb in ("create", "run", "plan", "hook", "cdi"):
         conf = load_config(args.config)
         if args.driver_root is None:

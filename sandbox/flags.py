@@ -1,8 +1,9 @@
-"""The command line: runc's verbs and flags plus ours, as argparse reads them (parser) and
-as the verbs an engine runs per container are read without argparse (lean_args,
-hook_args, cdi_hook_args: argparse and what it imports are ~11 ms of a start); verb_of
-finds the verb before anything is parsed. tests/sandbox/test_cli.py holds each fast reader
-to what argparse makes of the same line."""
+"""The command line, one table for every verb (TOP, VERB_FLAGS, POSITIONALS): runc's verbs
+and flags plus ours. argparse reads it from the table (parser), and so, without argparse,
+do the readers of the lines an engine runs per container (lean_args, hook_args,
+cdi_hook_args: argparse and what it imports are ~11 ms of a start); verb_of finds the verb
+before anything is parsed. Every namespace has every global (TOP). tests/sandbox/test_cli.py
+holds each fast reader to what argparse makes of the same line."""
 
 from __future__ import annotations
 
@@ -87,20 +88,39 @@ CREATE = (
     (("--scratch-size",), "scratch_size", "size", None,
      "cap of the tmpfs holding a GPU container's writes to its root (default 256m)", False, "SIZE"),
 ) + GPU
+# the hook's (and `hook install`'s), and our CDI spec's hook's: read without argparse too
+HOOK: tuple[tuple[Any, ...], ...] = (
+    (("--capabilities",), "capabilities", "str", None, "capabilities allowed at most (default: any)", True, None),
+    (("--trace",), "trace", "str", None, "write a Chrome trace-event JSON of the hook", True, "FILE"),
+    (("--stage",), "stage", ("prestart", "createRuntime"), "createRuntime", "(install) which hook list to add it to",
+     False, None),
+    (("--server",), "server", "str", None, "the warm server's socket (default /run/gpu-sandbox/hook.sock; "
+     "tried first, the hook works without it)", True, "SOCKET"),
+)
+CDI_HOOK: tuple[tuple[Any, ...], ...] = (
+    (("--link",), "link", "strs", [], "(hook) a link to make", True, "NAME::PATH"),
+    (("--cache-entry",), "cache_entry", "strs", [], "(hook) an entry of the container's ld.so.cache", True,
+     "KEY::PATH::FLAGS"),
+    (("--file",), "file", "strs", [], "(hook) a loader's file of this content, bound read-only at PATH", True,
+     "PATH::CONTENT"),
+)
+FORMAT = (("-f", "--format"), "format", ("table", "json"), "table", None, True, None)
+# Every verb's flags (after the verb; a global's there, ROOTS', keeps the value given before
+# the verb unless given again) and its positional arguments: (dest, metavar, nargs, choices,
+# help), nargs None (one), "?" or "..." (the rest, as it is).
 VERB_FLAGS: dict[str, tuple[tuple[Any, ...], ...]] = {
-    "create": CREATE,
-    "run": CREATE + (
+    "create": ROOTS + CREATE,
+    "run": ROOTS + CREATE + (
         (("-d", "--detach"), "detach", "bool", False, "create and start, then return", True, None),
         (("--keep",), "keep", "bool", False, "accepted; a foreground run deletes the container at exit", True, None),
         (("--id",), "id", "str", None, "(sandbox run BUNDLE) container id (default: the bundle directory's name)",
          True, None)),
-    "start": (), "state": (),
-    "kill": ((("-a", "--all"), "all", "bool", False, "signal every process of the container", True, None),),
-    "delete": ((("-f", "--force"), "force", "bool", False, "kill it first if it is running", True, None),),
-    "list": ((("-q", "--quiet"), "quiet", "bool", False, "ids only", True, None),
-             (("-f", "--format"), "format", ("table", "json"), "table", None, True, None)),
-    "ps": ((("-f", "--format"), "format", ("table", "json"), "table", None, True, None),),
-    "exec": (
+    "start": ROOTS, "state": ROOTS,
+    "kill": ROOTS + ((("-a", "--all"), "all", "bool", False, "signal every process of the container", True, None),),
+    "delete": ROOTS + ((("-f", "--force"), "force", "bool", False, "kill it first if it is running", True, None),),
+    "list": ROOTS + ((("-q", "--quiet"), "quiet", "bool", False, "ids only", True, None), FORMAT),
+    "ps": ROOTS + (FORMAT,),
+    "exec": ROOTS + (
         (("-p", "--process"), "process", "str", None, "a JSON file with the process to run (runtime-spec Process)",
          True, None),
         (("-d", "--detach"), "detach", "bool", False, "return once the process started", True, None),
@@ -118,37 +138,64 @@ VERB_FLAGS: dict[str, tuple[tuple[Any, ...], ...]] = {
          "off)", True, None),
         (("--process-label",), "process_label", "str", None, "the SELinux label to exec under (refused where SELinux "
          "is off)", True, None)),
+    "update": ROOTS + (
+        (("-r", "--resources"), "resources", "str", None, "linux.resources as JSON ('-': stdin)", False, "FILE"),
+        *(((flag,), flag[2:].replace("-", "_"), "str", None, what, False, "VALUE") for flag, what in UPDATE_FLAGS.items())),
+    "configure": (
+        (("--config",), "config_file", "str", None, "the engine's config file (default: its own)", False, "FILE"),
+        (("--default",), "default", "bool", False, "make sandbox the engine's default runtime", False, None),
+        (("--name",), "name", "str", None, "the runtime's (handler's) name (default sandbox; with --remove, any)",
+         False, None),
+        (("--path",), "path", "str", None, "the sandbox executable (default: this installation's)", False, None),
+        (("--remove",), "remove", "bool", False, "take out the runtimes that name this executable (and the default "
+         "naming one of them)", False, None)),
+    "features": (),
+    "plan": ROOTS + GPU + (
+        (("--json",), "json", "bool", False, "one JSON object instead of a table", False, None),),
+    "cdi": ROOTS + (
+        (("--cdi-spec-dir",), "cdi_spec_dir", "strs", [], "(list) CDI specs here too", False, "DIR"),
+        (("--output", "-o"), "output", "str", None, "(generate) write the spec there, not to stdout", False, "FILE"),
+        (("--format",), "format", ("yaml", "json"), "yaml", "(generate) default yaml", False, None)) + CDI_HOOK,
+    "trace": ((("--svg",), "svg", "str", None, "also draw the timeline as an SVG picture", False, "FILE"),),
+    "serve": (
+        (("--server",), "server", "str", None, "where to listen (default $SANDBOX_SERVER, else "
+         "/run/gpu-sandbox/hook.sock)", False, "SOCKET"),
+        (("--idle-exit",), "idle_exit", "count", 0, "leave once idle this long, the socket removed first (0: never; "
+         "the launcher starts a server so where none listens, from $SANDBOX_SERVER_IDLE)", False, "SECONDS"),
+        (("--once",), "once", "bool", False, "serve the one request on fd 3, a connection the launcher made (its own "
+         "planner where no server listens), and exit", False, None)),
+    "hook": ROOTS + HOOK,
 }
-# the hook's (and `hook install`'s), and our CDI spec's hook's: read without argparse too
-HOOK: tuple[tuple[Any, ...], ...] = (
-    (("--capabilities",), "capabilities", "str", None, "capabilities allowed at most (default: any)", True, None),
-    (("--trace",), "trace", "str", None, "write a Chrome trace-event JSON of the hook", True, "FILE"),
-    (("--stage",), "stage", ("prestart", "createRuntime"), "createRuntime", "(install) which hook list to add it to",
-     False, None),
-    (("--server",), "server", "str", None, "the warm hook server's socket (default /run/gpu-sandbox/hook.sock; "
-     "tried first, the hook works without it)", True, "SOCKET"),
-)
-CDI_HOOK: tuple[tuple[Any, ...], ...] = (
-    (("--link",), "link", "strs", [], "(hook) a link to make", True, "NAME::PATH"),
-    (("--cache-entry",), "cache_entry", "strs", [], "(hook) an entry of the container's ld.so.cache", True,
-     "KEY::PATH::FLAGS"),
-    (("--file",), "file", "strs", [], "(hook) a loader's file of this content, bound read-only at PATH", True,
-     "PATH::CONTENT"),
-)
+ID = ("container_id", "ID", None, None, "the container's id")
+POSITIONALS: dict[str, tuple[tuple[Any, ...], ...]] = {
+    "run": (("target", "ID|BUNDLE", None, None,
+             "a container id (runc's run, bundle from -b or the cwd), or a bundle directory"),),
+    "kill": (ID, ("signal", None, "?", None, None)),
+    "exec": (ID, ("args", None, "...", None, "the command (unless --process)")),
+    "list": (), "features": (), "serve": (),
+    "configure": (("engine", None, None, ("docker", "podman", "containerd"), None),),
+    "plan": (("bundle", None, None, None, None),),
+    "cdi": (("action", None, None, ("generate", "list", "hook"), None),),
+    "trace": (("file", None, None, None, None),),
+    "hook": (("action", None, "?", ("install", "serve"), "install: add the hook to a bundle; serve: run a warm server"),
+             ("bundle", None, "?", None, "(install) the bundle whose config.json gets the hook")),
+}
 POSITIONAL_DEFAULTS: dict[str, dict[str, Any]] = {"kill": {"signal": "TERM"}, "exec": {"args": []}}
+LEAN_VERBS = ("create", "run", "start", "state", "kill", "delete", "list", "ps", "exec")  # an engine's, per container
 # Global options that take a value (scanned before argparse, to find the verb early; the
 # launcher, sandbox/launcher.c, is built with this list).
 GLOBAL_VALUES = tuple(name for names, _, kind, *_ in TOP if kind != "bool" for name in names)
+TOP_DESTS = frozenset(dest for _n, dest, *_ in TOP)
 
 
-def _add(p, rows, suppress: bool = False) -> None:
-    """argparse arguments for ``rows`` of the table (``suppress``: no default of their own,
-    for the globals repeated after the verb)."""
+def _add(p, rows, after_verb: bool = False) -> None:
+    """argparse arguments for ``rows`` of the table (``after_verb``: a global's keeps the value
+    given before the verb: no default of its own there)."""
     import argparse
 
     for names, dest, kind, default, help_, _lean, metavar in rows:
-        kw: dict[str, Any] = {"dest": dest, "help": help_,
-                              "default": argparse.SUPPRESS if suppress else ([] if kind in ("strs", "ints") else default)}
+        kw: dict[str, Any] = {"dest": dest, "help": help_, "default": argparse.SUPPRESS if after_verb and dest in
+                              TOP_DESTS else ([] if kind in ("strs", "ints") else default)}
         if kind == "bool":
             kw["action"] = "store_true"
         elif kind in ("strs", "ints"):
@@ -185,10 +232,6 @@ def _size(value: str) -> str:
     return value
 
 
-def _container(p, ids: str = "container_id") -> None:
-    p.add_argument(ids, metavar="ID", help="the container's id")
-
-
 def parser():
     import argparse  # here, not at the top: the hook's fast path never needs it
 
@@ -217,82 +260,21 @@ def parser():
     ap.add_argument("--version", "-v", action=Version, nargs=0, default=argparse.SUPPRESS,
                     help="version, commit, spec, libseccomp")
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
-
     for verb, rows in VERB_FLAGS.items():
         p = sub.add_parser(verb, help=VERBS[verb])
-        _add(p, ROOTS, suppress=True)
-        _add(p, rows)
-        if verb == "run":
-            p.add_argument("target", metavar="ID|BUNDLE",
-                           help="a container id (runc's run, bundle from -b or the cwd), or a bundle directory")
-        elif verb != "list":
-            _container(p)
-        if verb == "kill":
-            p.add_argument("signal", nargs="?", default="TERM")
-        elif verb == "exec":
-            p.add_argument("args", nargs=argparse.REMAINDER, help="the command (unless --process)")
-
-    p = sub.add_parser("configure", help=VERBS["configure"])
-    p.add_argument("engine", choices=["docker", "podman", "containerd"])
-    p.add_argument("--config", dest="config_file", metavar="FILE", help="the engine's config file (default: its own)")
-    p.add_argument("--default", action="store_true", help="make sandbox the engine's default runtime")
-    p.add_argument("--name", help="the runtime's (handler's) name (default sandbox; with --remove, any)")
-    p.add_argument("--path", help="the sandbox executable (default: this installation's)")
-    p.add_argument("--remove", action="store_true",
-                   help="take out the runtimes that name this executable (and the default naming one of them)")
-
-    p = sub.add_parser("update", help=VERBS["update"])
-    _add(p, ROOTS, suppress=True)
-    p.add_argument("-r", "--resources", metavar="FILE", help="linux.resources as JSON ('-': stdin)")
-    for flag, what in UPDATE_FLAGS.items():
-        p.add_argument(flag, metavar="VALUE", help=what)
-    _container(p)
-
-    p = sub.add_parser("features", help=VERBS["features"])
-
-    p = sub.add_parser("plan", help=VERBS["plan"])
-    _add(p, ROOTS, suppress=True)
-    p.add_argument("bundle")
-    _add(p, GPU)
-    p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
-
-    p = sub.add_parser("cdi", help=VERBS["cdi"])
-    p.add_argument("action", choices=["generate", "list", "hook"])
-    _add(p, ROOTS, suppress=True)
-    p.add_argument("--cdi-spec-dir", action="append", default=argparse.SUPPRESS, metavar="DIR",
-                   help="(list) CDI specs here too")
-    p.add_argument("--output", "-o", metavar="FILE", help="(generate) write the spec there, not to stdout")
-    p.add_argument("--format", choices=["yaml", "json"], default="yaml", help="(generate) default yaml")
-    _add(p, CDI_HOOK)
-
-    p = sub.add_parser("trace", help=VERBS["trace"])
-    p.add_argument("file")
-    p.add_argument("--svg", metavar="FILE", help="also draw the timeline as an SVG picture")
-
-    p = sub.add_parser("serve", help=VERBS["serve"])
-    p.add_argument("--server", metavar="SOCKET", help="where to listen (default $SANDBOX_SERVER, "
-                   "else /run/gpu-sandbox/hook.sock)")
-    p.add_argument("--idle-exit", type=_seconds, default=0, metavar="SECONDS",
-                   help="leave once idle this long, the socket removed first (0: never; the launcher "
-                   "starts a server so where none listens, from $SANDBOX_SERVER_IDLE)")
-    p.add_argument("--once", action="store_true", help="serve the one request on fd 3, a connection the "
-                   "launcher made (its own planner where no server listens), and exit")
-
-    p = sub.add_parser("hook", help=VERBS["hook"])
-    p.add_argument("action", nargs="?", choices=["install", "serve"],
-                   help="install: add the hook to a bundle; serve: run a warm hook server")
-    p.add_argument("bundle", nargs="?", help="(install) the bundle whose config.json gets the hook")
-    _add(p, ROOTS, suppress=True)
-    _add(p, HOOK)
+        _add(p, rows, after_verb=True)
+        for dest, metavar, nargs, choices, help_ in POSITIONALS.get(verb, (ID,)):
+            kw: dict[str, Any] = {"help": help_}
+            if nargs:
+                kw["nargs"] = argparse.REMAINDER if nargs == "..." else nargs
+            if choices:
+                kw["choices"] = list(choices)
+            if metavar:
+                kw["metavar"] = metavar
+            if dest in POSITIONAL_DEFAULTS.get(verb, {}):
+                kw["default"] = POSITIONAL_DEFAULTS[verb][dest]
+            p.add_argument(dest, **kw)
     return ap
-
-
-def _seconds(text: str) -> int:
-    import argparse
-
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds")
-    return int(text)
 
 
 def _options(argv: list[str], rows) -> dict[str, Any] | None:
@@ -320,8 +302,7 @@ def hook_args(argv: list[str]):
     ns = _options(argv[1:], (*ROOTS[1:], *HOOK)) if argv[:1] == ["hook"] else None
     if ns is None:
         return None
-    return types.SimpleNamespace(verb="hook", action=None, bundle=None, config=None, log=None, debug=False,
-                                 root=None, **ns)
+    return types.SimpleNamespace(**{**_defaults(TOP), **ns}, verb="hook", action=None, bundle=None)
 
 
 def cdi_hook_args(argv: list[str]):
@@ -330,7 +311,7 @@ def cdi_hook_args(argv: list[str]):
     import types
 
     ns = _options(argv[2:], CDI_HOOK) if argv[:2] == ["cdi", "hook"] else None
-    return None if ns is None else types.SimpleNamespace(verb="cdi", action="hook", **ns)
+    return None if ns is None else types.SimpleNamespace(**{**_defaults(TOP), **ns}, verb="cdi", action="hook")
 
 
 def _lean(rows) -> dict[str, tuple[str, Any]]:
@@ -338,8 +319,7 @@ def _lean(rows) -> dict[str, tuple[str, Any]]:
 
 
 LEAN_GLOBALS = _lean(TOP)
-LEAN_AFTER_VERB = _lean(ROOTS)  # (after the verb argparse takes only these of the globals)
-LEAN_FLAGS = {verb: {**LEAN_AFTER_VERB, **_lean(rows)} for verb, rows in VERB_FLAGS.items()}
+LEAN_FLAGS = {verb: _lean(VERB_FLAGS[verb]) for verb in LEAN_VERBS}
 
 
 def _defaults(rows) -> dict[str, Any]:

@@ -55,9 +55,8 @@ def run_hook(args, state_json: bytes) -> int:
     """The hook's work for the container whose state (runc's or crun's JSON) is given."""
     # Paths given relative to where the runtime started us mean that, not "/"; then never
     # work from inside the container's rootfs (CVE-2025-23266: cwd in the rootfs).
-    for name in ("driver_root", "dev_root", "trace"):
-        if getattr(args, name):
-            setattr(args, name, os.path.abspath(getattr(args, name)))
+    args.driver_root, args.dev_root, args.trace = (p and os.path.abspath(p) for p in (args.driver_root, args.dev_root,
+                                                                                      args.trace))
     os.chdir("/")
     from gofer.spans import Spans
     from mounts.bundle import load_bundle

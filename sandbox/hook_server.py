@@ -116,9 +116,10 @@ def serve(args, main) -> int:
     from gofer import seccomp
     from mounts.errors import SandboxError
 
-    if getattr(args, "once", False):
+    plain = args.verb == "serve"  # (`hook serve` has none of serve's own flags)
+    if plain and args.once:
         return serve_once(main)
-    idle = getattr(args, "idle_exit", 0)  # (`hook serve` has none)
+    idle = args.idle_exit if plain else 0
     listener = _activated()
     # a client's start (sandbox/server_connect.h): its request waits in our queue, so the
     # first child imports what it needs itself, and we preload (for the next) once it is forked
@@ -130,7 +131,7 @@ def serve(args, main) -> int:
         if idle:  # a client's start: the socket is ours to remove
             _bound[path] = os.lstat(path).st_ino
     else:
-        path = os.path.abspath(args.server or (os.environ.get("SANDBOX_SERVER") if args.verb == "serve" else None)
+        path = os.path.abspath(args.server or (os.environ.get("SANDBOX_SERVER") if plain else None)
                                or SOCKET)
         listener = _listen(path)
     _filter_cache(path)

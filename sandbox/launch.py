@@ -47,17 +47,15 @@ def options(args, foreground: bool) -> Options:
     bundle = os.path.abspath(args.bundle or ".")
     cid = args.container_id or os.path.basename(bundle)
     for what, path in (("--bundle", bundle), ("--root", args.root), ("--driver-root", args.driver_root),
-                       ("--console-socket", args.console_socket), ("--pid-file", getattr(args, "pid_file", None))):
+                       ("--console-socket", args.console_socket), ("--pid-file", args.pid_file)):
         if path is not None and _not_utf8(path):
             from mounts.errors import SandboxError
 
             raise SandboxError(f"{what} {path.encode(errors='surrogateescape')!r}: not UTF-8 (the container's "
                                "state and spec record paths as JSON strings)", code=2)
-    return Options(cid, bundle, args.root, args.driver_root, args.dev_root, getattr(args, "gpus", None),
-                   getattr(args, "capabilities", None), getattr(args, "max_capabilities", None),
-                   getattr(args, "scratch_size", None), args.console_socket, args.preserve_fds,
-                   foreground, args.trace, getattr(args, "systemd_cgroup", False),
-                   tuple(getattr(args, "cdi_spec_dir", ())), bool(getattr(args, "debug", False)))
+    return Options(cid, bundle, args.root, args.driver_root, args.dev_root, args.gpus, args.capabilities,
+                   args.max_capabilities, args.scratch_size, args.console_socket, args.preserve_fds, foreground,
+                   args.trace, args.systemd_cgroup, tuple(args.cdi_spec_dir), args.debug)
 
 
 def _not_utf8(path: str) -> bool:

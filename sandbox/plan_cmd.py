@@ -11,10 +11,10 @@ from sandbox.api import plan_bundle
 
 
 def main(args) -> int:
-    plan = plan_bundle(args.bundle, args.driver_root, args.gpus, args.capabilities, getattr(args, "max_capabilities", None),
-                       dev_root=args.dev_root, cdi_dirs=tuple(getattr(args, "cdi_spec_dir", ())))
+    plan = plan_bundle(args.bundle, args.driver_root, args.gpus, args.capabilities, args.max_capabilities,
+                       dev_root=args.dev_root, cdi_dirs=tuple(args.cdi_spec_dir))
     out = sys.stdout
-    if getattr(args, "debug", False):  # what discovery passed over: wrappers, links leading nowhere ...
+    if args.debug:  # what discovery passed over: wrappers, links leading nowhere ...
         for note in plan.notes:
             sys.stderr.write(f"sandbox plan: debug: {note}\n")
     if args.json:

@@ -150,3 +150,24 @@ def test_hook_install_after_global_options_from_a_terminal(tmp_path, make_bundle
         os.close(primary)
         os.close(secondary)
     assert r.returncode == 0 and "added sandbox hook" in r.stdout.lower() + r.stderr.lower(), r.stderr
+
+
+def test_every_verb_is_read_from_the_table():
+    """One table: each verb's subparser has exactly the table's flags and positionals, and
+    every namespace, the fast readers' too, has every global."""
+    import argparse
+
+    from sandbox import flags
+
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(flags.VERBS) == set(flags.VERB_FLAGS)
+    for verb, p in sub.choices.items():
+        options = {name for a in p._actions for name in a.option_strings} - {"-h", "--help"}
+        assert options == {name for names, *_ in flags.VERB_FLAGS[verb] for name in names}, verb
+        positionals = [a.dest for a in p._actions if not a.option_strings]
+        assert positionals == [row[0] for row in flags.POSITIONALS.get(verb, (flags.ID,))], verb
+    tops = {dest for _n, dest, *_ in flags.TOP}
+    lines = [["features"], ["trace", "/t"], ["configure", "docker"], ["serve"], ["run", "/b"]]
+    for ns in [*(parser().parse_args(a) for a in lines), flags.hook_args(["hook", "--driver-root", "/d"]),
+               flags.cdi_hook_args(["cdi", "hook", "--link", "a::b"]), lean_args(["state", "c1"])]:
+        assert tops <= set(vars(ns)), vars(ns)
