@@ -29,14 +29,28 @@ MAX_NS, MAX_CGROUPS = 8, 32
 # bytes sent as one message (well inside a SOCK_SEQPACKET's send buffer): a plan, or the
 # launcher's request, bigger than that goes in a memfd ("memfd", its fd first) of MAX_FILE at most
 MAX_MESSAGE, MAX_FILE = 200_000, 64 << 20
+# The words C and Python exchange beside the records, each defined here alone (c_defines:
+# PLAN_READY ...): a created init is READY (process.c -> the gofer), which answers GO once
+# the container is recorded; a foreground run's end is "STATUS N", N its wait status
+# (frontend.c -> the server's child); MEMFD: a message whose first fd holds it (a plan, or
+# the launcher's request, over MAX_MESSAGE).
+READY, GO, STATUS, MEMFD = "ready", "g", "status", "memfd"
 
 
 def c_defines() -> str:
-    """The limits above and the console's deadline as C macros (PLAN_MAX_FDS ...), for frontend.c."""
+    """The limits and words above and the console's deadline as C macros (PLAN_MAX_FDS ...,
+    PLAN_READY ...), for the launcher and its executor."""
+    words = (("READY", READY), ("GO", GO), ("STATUS", STATUS), ("MEMFD", MEMFD))  # (plain lowercase words)
     return "".join(f"#define PLAN_{name} {value}\n" for name, value in (
         ("MAX_FDS", MAX_FDS), ("MAX_NS", MAX_NS), ("MAX_CGROUPS", MAX_CGROUPS), ("MAX_MESSAGE", MAX_MESSAGE),
-        ("MAX_FILE", MAX_FILE),
-        ("CONSOLE_TIMEOUT_S", int(process.CONSOLE_TIMEOUT))))
+        ("MAX_FILE", MAX_FILE), ("CONSOLE_TIMEOUT_S", int(process.CONSOLE_TIMEOUT)),
+        *((name, f'"{word}"') for name, word in words)))
+
+
+def wait_status(report: bytes) -> int | None:
+    """The wait status in a foreground run's "STATUS N" (frontend.c), or None for anything else."""
+    head, _, number = report.partition(b" ")
+    return int(number) if head == STATUS.encode() and number.isascii() and number.isdigit() else None
 
 
 def process_records(proc: Process, personality: Personality | None = None, in_userns: bool = False) -> list[str]:
@@ -171,6 +185,6 @@ def send(sock, records: list[str], fds: list[int]) -> None:
     memfd = os.memfd_create("plan", os.MFD_CLOEXEC)
     try:
         os.write(memfd, data)  # (a memory file takes it whole)
-        socket.send_fds(sock, [b"memfd\0"], [memfd, *fds])
+        socket.send_fds(sock, [MEMFD.encode() + b"\0"], [memfd, *fds])
     finally:
         os.close(memfd)

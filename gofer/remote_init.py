@@ -29,6 +29,8 @@ import socket
 from gofer import enter, process, rootfs, userns
 from gofer import syscalls as sc
 from gofer.frontend_plan import (
+    GO,
+    READY,
     command_records,
     console_records,
     early_records,
@@ -191,9 +193,9 @@ def hand_over(chan: socket.socket, init: int, spec: Spec, bpf: bytes | None, fif
             os.close(fd)
     os.close(fifo)  # (pid 1 has it)
     report = chan.recv(4096).decode(errors="replace")
-    if not report.startswith("ready"):
+    if not report.startswith(READY):
         _pid, error = enter.parse_report(report)
         raise error or SandboxError("the container's init exited before it was ready")
-    chan.send(b"g")  # (should the create fail from here on, the supervisor kills pid 1)
+    chan.send(GO.encode())  # (should the create fail from here on, the supervisor kills pid 1)
     chan.close()
     ready()

@@ -82,6 +82,7 @@ class CreateFrontend:
         if os.fork():  # the wait is no request of the server's: out of its children (MAX_CHILDREN)
             os._exit(0)
         os.setsid()  # and out of its process group (a ^C to a server in a terminal)
+        from gofer.frontend_plan import wait_status
         from sandbox.jsonlite import dumps
 
         try:
@@ -89,8 +90,9 @@ class CreateFrontend:
             data = self.conn.recv(64)
         except OSError:
             data = b""
-        if data.startswith(b"status ") and data[7:].isdigit():
-            return int(data[7:])
+        status = wait_status(data)
+        if status is not None:
+            return status
         try:
             kill_all(state)  # (pid 1 reaped by whoever it passed on to)
         except SandboxError:

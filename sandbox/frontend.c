@@ -187,7 +187,7 @@ static void remove_container(char **argv, int verb_at, const char *id) {
 }
 
 /* A foreground run, served: its container's pid 1 is our child, and the server's child waits
- * for its end. We pass signals on, reap it, send "status N" (the wait status), and exit with
+ * for its end. We pass signals on, reap it, send PLAN_STATUS " N" (the wait status), and exit with
  * the code the server answers once it has run the poststop hooks and removed the container.
  * (Gone before us, the server's child kills the container, as Python's run whose supervisor
  * died; gone before the container ends, it leaves the removal to us.) */
@@ -201,7 +201,7 @@ static int wait_and_report(int s, pid_t init, const char *id, char **argv, int v
     forward_to = 0; /* (reaped: its pid may be another's now) */
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     char line[32];
-    int n = snprintf(line, sizeof line, "status %d", status);
+    int n = snprintf(line, sizeof line, PLAN_STATUS " %d", status);
     int answer = -1;
     if (send(s, line, (size_t)n, MSG_NOSIGNAL) < 0)
         close(s);

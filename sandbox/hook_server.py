@@ -482,7 +482,7 @@ def _receive(conn):
     """One request and the fds sent with it (closed-on-exec, as every fd of ours)."""
     import socket
 
-    from gofer.frontend_plan import MAX_FILE
+    from gofer.frontend_plan import MAX_FILE, MEMFD
 
     size = socket.CMSG_SPACE(4 * 4)
     data, ancillary, _flags, _addr = conn.recvmsg(MAX_REQUEST, size, socket.MSG_CMSG_CLOEXEC)
@@ -490,7 +490,7 @@ def _receive(conn):
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds += [int.from_bytes(payload[i:i + 4], "little") for i in range(0, len(payload) - len(payload) % 4, 4)]
-    if data == b"memfd\0" and fds:  # a request bigger than one message (the launcher's): in a sealed memfd
+    if data == MEMFD.encode() + b"\0" and fds:  # a request bigger than one message (the launcher's): in a sealed memfd
         import fcntl
 
         memfd, fds = fds[0], fds[1:]

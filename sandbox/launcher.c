@@ -185,7 +185,7 @@ static int send_request(int s, int argc, char **argv) {
         fds[0] = memfd_create("request", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (fds[0] >= 0 && write(fds[0], req.p, req.n) == (ssize_t)req.n
             && fcntl(fds[0], F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) == 0)
-            sent = send_fds(s, "memfd", 6, fds, 4, 0) == 6 ? (ssize_t)req.n : -1;
+            sent = send_fds(s, PLAN_MEMFD, sizeof PLAN_MEMFD, fds, 4, 0) == sizeof PLAN_MEMFD ? (ssize_t)req.n : -1;
         if (fds[0] >= 0) close(fds[0]);
     }
     if (sent != (ssize_t)req.n) {

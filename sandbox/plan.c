@@ -14,7 +14,7 @@ static const char *next_item(const char **p, const char *end) {
 }
 
 const char *plan_records(const char *buf, size_t *n, int *fds, int *nfds) {
-    if (*n != 6 || memcmp(buf, "memfd", 6) || *nfds < 1) return buf;
+    if (*n != sizeof PLAN_MEMFD || memcmp(buf, PLAN_MEMFD, sizeof PLAN_MEMFD) || *nfds < 1) return buf;
     struct stat st;
     char *file = NULL;
     int ok = fstat(fds[0], &st) == 0 && st.st_size > 0 && st.st_size <= PLAN_MAX_FILE
@@ -22,7 +22,7 @@ const char *plan_records(const char *buf, size_t *n, int *fds, int *nfds) {
     close(fds[0]);
     memmove(fds, fds + 1, (size_t)(*nfds - 1) * sizeof *fds);
     (*nfds)--;
-    if (!ok || (st.st_size == 6 && !memcmp(file, "memfd", 6))) { /* (one level: never a memfd in a memfd) */
+    if (!ok || (st.st_size == sizeof PLAN_MEMFD && !memcmp(file, PLAN_MEMFD, sizeof PLAN_MEMFD))) { /* (one level: never a memfd in a memfd) */
         free(file);
         return NULL;
     }

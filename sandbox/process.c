@@ -155,13 +155,13 @@ static void exec_process(struct plan *pl) {
     fail(pl->code_exec, "exec %s: %s", file, strerror(saved ? saved : ENOENT));
 }
 
-/* A created init, its user and capabilities set: "ready" to the gofer, which records the
+/* A created init, its user and capabilities set: PLAN_READY to the gofer, which records the
  * container and answers with one byte (its EOF instead: it gave up, and so do we); then the
  * wait for `sandbox start`, whose byte comes through exec.fifo (open read-write: no EOF). */
 static void wait_for_start(struct plan *pl) {
     char c;
     ssize_t r;
-    if (dprintf(report_fd, "ready\n") < 0) _exit(1);
+    if (dprintf(report_fd, PLAN_READY "\n") < 0) _exit(1);
     do r = read(report_fd, &c, 1); while (r < 0 && errno == EINTR);
     if (r != 1) _exit(1);
     close(report_fd);

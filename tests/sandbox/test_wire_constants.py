@@ -20,6 +20,7 @@ int main(void) {
     static const char *const served[] = {SANDBOX_SERVED, NULL};
     printf("%s %d %d %d %d %d %d\n", DEFAULT_SOCKET, MAX_REQUEST, TAKE_UP_S, REPORT_ANSWER_S,
            PLAN_MAX_FDS, PLAN_MAX_NS, PLAN_MAX_CGROUPS);
+    printf("%s %s %s %s %zu\n", PLAN_READY, PLAN_GO, PLAN_STATUS, PLAN_MEMFD, sizeof PLAN_MEMFD);
     for (int i = 0; served[i]; i++) printf("%s\n", served[i]);
     return 0;
 }
@@ -35,4 +36,6 @@ def test_the_c_clients_numbers_are_pythons(tmp_path):
     assert out[0].split() == [wire.SOCKET, *map(str, (wire.MAX_REQUEST, wire.TAKE_UP_S,
                               wire.REPORT_ANSWER_S, frontend_plan.MAX_FDS, frontend_plan.MAX_NS,
                               frontend_plan.MAX_CGROUPS))]
-    assert tuple(out[1:]) == wire.SERVED
+    words = (frontend_plan.READY, frontend_plan.GO, frontend_plan.STATUS, frontend_plan.MEMFD)
+    assert out[1].split() == [*words, str(len(frontend_plan.MEMFD) + 1)]  # (the memfd message: the word and its NUL)
+    assert tuple(out[2:]) == wire.SERVED
