@@ -1,5 +1,5 @@
-"""The container's namespaces as the executor joins them (sandbox/frontend.c): opened through
-one pinned /proc/<init> (open_namespaces), for exec's plan (sandbox/exec_frontend.py) and for
+"""The container's namespaces as the executor joins them (sandbox/executor/frontend.c): opened through
+one pinned /proc/<init> (open_namespaces), for exec's plan (sandbox/server/exec_plan.py) and for
 the builder (gofer/remote_init.py); and the executor's report ("pid N", "err CODE MESSAGE"),
 read back as a pid or a one-line error (parse_report).
 """
@@ -49,7 +49,7 @@ def open_namespaces(init: int, start_time: int | None = None) -> list[tuple[int,
 
 
 def parse_report(report: str) -> tuple[int | None, SandboxError | None]:
-    """The child's report ("pid N", then nothing or "err CODE MESSAGE"; sandbox/frontend.c
+    """The child's report ("pid N", then nothing or "err CODE MESSAGE"; sandbox/executor/frontend.c
     writes the same): G's pid, and the error that kept it from exec'ing."""
     pid = None
     for line in report.splitlines():

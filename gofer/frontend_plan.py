@@ -1,4 +1,4 @@
-"""The process plan sandbox/frontend.c carries out, for exec's process (sandbox/exec_frontend.py)
+"""The process plan sandbox/executor/frontend.c carries out, for exec's process (sandbox/server/exec_plan.py)
 and for a created init (gofer/remote_init.py): NUL-terminated "KEY VALUE" records, with the
 fds they name sent in the same order as SCM_RIGHTS. Python works out every value; C only
 applies them, in gofer.process.tail's order."""
@@ -21,7 +21,7 @@ from mounts.spec import (
     Seccomp,
 )
 
-# frontend.c's tables of fds, namespaces and cgroups, defined here alone: sandbox/launcher.py
+# frontend.c's tables of fds, namespaces and cgroups, defined here alone: sandbox/executor/build.py
 # writes them into the header frontend.c is built with (c_defines), so the two can never
 # disagree (its other tables are as big as a plan asks: execve has the last word)
 MAX_FDS = 64  # fds a plan carries

@@ -1,5 +1,5 @@
 """What the container's process is made of, looked up and checked in Python for the executor
-(sandbox/process.c sets it up as runc's init does; gofer/frontend_plan.py writes its records):
+(sandbox/executor/process.c sets it up as runc's init does; gofer/frontend_plan.py writes its records):
 capabilities by number, the LSM labels this kernel has, the console socket, the cwd and HOME
 from the image (docs/design.md, "The process"; tests/integration/test_runc_parity.py compares
 the result with runc's)."""
@@ -145,7 +145,7 @@ class Entry(NamedTuple):
     """What the process takes from the image, looked up as root inside the root before the
     user changes and before any seccomp filter is loaded (a profile may well deny openat2)."""
 
-    cwd: int  # O_PATH fd of process.cwd: the executor enters it (sandbox/process.c)
+    cwd: int  # O_PATH fd of process.cwd: the executor enters it (sandbox/executor/process.c)
     home: str
 
 
@@ -163,7 +163,7 @@ def look_up(proc: Process) -> Entry:
 
 def environment(proc: Process, entry: Entry) -> dict[str, str]:
     """What the process execs with: the spec's env alone (the last of a name wins), HOME as
-    looked up (sandbox/exec_frontend.py sends the same to the C front end)."""
+    looked up (sandbox/server/exec_plan.py sends the same to the C front end)."""
     env = dict(item.partition("=")[::2] for item in proc.env)
     env["HOME"] = entry.home
     return env

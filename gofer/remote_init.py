@@ -1,5 +1,5 @@
-"""Served create (sandbox/create_frontend.py): the container's init is the launcher's child
-(sandbox/frontend.c's init_process), pid 1 of its new pid namespace, so that it descends
+"""Served create (sandbox/server/create_plan.py): the container's init is the launcher's child
+(sandbox/executor/frontend.c's init_process), pid 1 of its new pid namespace, so that it descends
 from the engine's process (a subreaper waits for it), and no Python starts on the way.
 
 The gofer, forked by the warm server's child, has the launcher make that process in the

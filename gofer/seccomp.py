@@ -55,13 +55,13 @@ def listener_message(spec: Seccomp, pid: int, state: dict) -> bytes:
                                 "metadata": spec.listener_metadata or "", "state": state})  # frontend_plan)
 
 
-CACHE: str | None = None  # the warm server's directory of exported filters (sandbox/hook_server.py), root's alone
+CACHE: str | None = None  # the warm server's directory of exported filters (sandbox/server/listen.py), root's alone
 MAX_CACHED = 256  # filters kept at most: past that, each is compiled as without a cache
 
 
 def export(spec: Seccomp) -> bytes:
     """``spec`` compiled and exported as BPF (struct sock_filter[]) for a process that loads
-    it itself (sandbox/frontend.c). With CACHE set, a filter exported before is read back: an
+    it itself (sandbox/executor/frontend.c). With CACHE set, a filter exported before is read back: an
     engine gives every container one default profile, and its compiling was ~7 ms of each
     served create and exec here, 30 under load. The key is the profile as encoded (each
     server has a directory of its own: its code and libseccomp are the same throughout); a

@@ -571,7 +571,7 @@ class Seccomp:
 
     def export_bpf(self) -> bytes:
         """The filter as the kernel takes it (struct sock_filter[]), for a process that loads
-        it itself (the exec front end, sandbox/frontend.c)."""
+        it itself (the exec front end, sandbox/executor/frontend.c)."""
         fd = os.memfd_create("seccomp-export", os.MFD_CLOEXEC)
         try:
             self._check(self._l.seccomp_export_bpf(self.ctx, fd), "seccomp_export_bpf", "the container's filter")

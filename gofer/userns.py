@@ -2,7 +2,7 @@
 container (runc's order): root in the container is then root over its mounts, network and
 hostname, and nothing of the host's.
 
-The launcher's child enters it (sandbox/frontend.c's userns_init: a new one, whose maps the
+The launcher's child enters it (sandbox/executor/frontend.c's userns_init: a new one, whose maps the
 launcher writes from outside, as the host's root; or the one named by path), then the gofer
 joins it with pid 1's other namespaces: still the host's uid there, it clones the bind
 sources (locked copies of the host's mounts) before it becomes root in there. The image's
@@ -28,7 +28,7 @@ def new_namespace(spec: Spec) -> tuple[bool, str | None]:
 
 def map_text(mappings) -> str:
     """linux.uidMappings or gidMappings as /proc/PID/uid_map takes them (the launcher writes
-    them, sandbox/frontend.c)."""
+    them, sandbox/executor/frontend.c)."""
     return "".join(f"{m.container_id} {m.host_id} {m.size}\n" for m in mappings)
 
 

@@ -1,6 +1,6 @@
 """Our own CDI spec (``sandbox cdi generate``): the devices of an inventory's GPUs and the
 edits that give a container what `sandbox run` mounts, planned as the plan plans it; its
-hook makes the links and the ld.so.cache (sandbox/cdi_cmd.py). The reading of anyone's
+hook makes the links and the ld.so.cache (sandbox/verbs/cdi.py). The reading of anyone's
 specs, and their application to a bundle, is mounts/cdi.py."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
     """The spec of ``inventory``'s GPUs: a device per index, per UUID and ``all``; the
     control nodes, every driver file (where the driver root keeps it) and one
     createRuntime hook of ours (``hook`` + its --link and --cache-entry arguments) that
-    makes the links and the container's ld.so.cache, for all of them (sandbox/cdi_cmd.py)."""
+    makes the links and the container's ld.so.cache, for all of them (sandbox/verbs/cdi.py)."""
     from mounts import actions as A
     from mounts.driver import dri_link
     from mounts.plan import iter_plan

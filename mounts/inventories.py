@@ -37,7 +37,7 @@ class Kept(msgspec.Struct, frozen=True):
 
 
 _kept: dict[Key, tuple[Inventory, reads.Reads]] = {}
-REPORT: socket.socket | None = None  # a forked child's way to its server (hook_server.serve)
+REPORT: socket.socket | None = None  # a forked child's way to its server (sandbox/server/listen.py)
 MAX_MESSAGE = 4 << 20
 
 

@@ -144,7 +144,7 @@ OUR_CDI_HOOK = ("cdi", "hook")  # what `sandbox cdi generate` puts after the pro
 
 
 def cdi_hook_args(hook: Hook) -> list[str] | None:
-    """The --link/--file/--cache-entry arguments of our own CDI spec's hook (sandbox/cdi_cmd.py
+    """The --link/--file/--cache-entry arguments of our own CDI spec's hook (sandbox/verbs/cdi.py
     writes it: the `sandbox` launcher, then "cdi hook"; an older installation's: its Python
     program, behind a C client or not, then "cdi hook"), or None for any other hook. Done
     natively, it is no power a bundle's hook lacks: it only links and caches in the
@@ -158,7 +158,7 @@ def cdi_hook_args(hook: Hook) -> list[str] | None:
     return None
 
 
-ENTRY_MARK = "from sandbox.cli import"  # in an older installation's -c program (sandbox/launcher.py's MARK)
+ENTRY_MARK = "from sandbox.cli import"  # in an older installation's -c program (sandbox/executor/build.py's MARK)
 
 
 def is_nvidia_hook(hook: Hook) -> bool:

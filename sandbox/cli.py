@@ -17,18 +17,18 @@ if TYPE_CHECKING:
 
 
 def main(argv: list[str] | None = None, frontend=None) -> int:
-    """``frontend``: the exec or create front end (sandbox/exec_frontend.py,
-    sandbox/create_frontend.py), in a planner's child (the server's, or the launcher's own):
+    """``frontend``: the exec or create front end (sandbox/server/exec_plan.py,
+    sandbox/server/create_plan.py), in a planner's child (the server's, or the launcher's own):
     run, create and exec are planned there and carried out by the `sandbox` executable."""
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["serve", "--once"] and frontend is None:  # the launcher's own planner: its command line, as it writes it
-        from sandbox import hook_server
+        from sandbox.server import requests
 
-        return hook_server.serve_once(main)
+        return requests.serve_once(main)
     verb = flags.verb_of(argv)
     if verb == "hook" and argv[(flags.verb_index(argv) or 0) + 1:][:1] not in (["install"], ["serve"]):
         if os.isatty(0):
-            from sandbox.hook_cmd import HOW
+            from sandbox.verbs.hook import HOW
 
             stderr_line(f"sandbox hook: the container's state is read on stdin, not from a terminal: {HOW}")
             return 2
@@ -42,39 +42,39 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
         resolve(args)
         mod: types.ModuleType  # the verb's module: each has main(args); run's, create's and exec's main(args, frontend)
         if args.verb == "plan":
-            from sandbox import plan_cmd as mod
+            from sandbox.verbs import plan as mod
         elif args.verb == "run":
-            from sandbox import run_cmd as mod
+            from sandbox.verbs import run as mod
         elif args.verb == "create":
-            from sandbox import create_cmd as mod
+            from sandbox.verbs import create as mod
         elif args.verb == "start":
-            from sandbox import start_cmd as mod
+            from sandbox.verbs import start as mod
         elif args.verb == "delete":
-            from sandbox import delete_cmd as mod
+            from sandbox.verbs import delete as mod
         elif args.verb == "exec":
-            from sandbox import exec_cmd as mod
+            from sandbox.verbs import exec as mod
         elif args.verb == "configure":
-            from sandbox import configure_cmd as mod
+            from sandbox.verbs import configure as mod
         elif args.verb == "update":
-            from sandbox import update_cmd as mod
+            from sandbox.verbs import update as mod
         elif args.verb == "features":
-            from sandbox import features_cmd as mod
+            from sandbox.verbs import features as mod
         elif args.verb == "trace":
-            from sandbox import trace_cmd as mod
+            from sandbox.verbs import trace as mod
         elif args.verb == "cdi":
-            from sandbox import cdi_cmd as mod
+            from sandbox.verbs import cdi as mod
         elif args.verb in ("list", "state", "kill", "ps"):
-            from sandbox import state_cmd as mod
+            from sandbox.verbs import state as mod
         elif args.verb == "serve" or (args.verb == "hook" and args.action == "serve"):
-            from sandbox import hook_server
+            from sandbox.server import listen
 
-            return hook_server.serve(args, main)  # (its children run the served verbs with this main)
+            return listen.serve(args, main)  # (its children run the served verbs with this main)
         else:
-            from sandbox import hook_cmd as mod
+            from sandbox.verbs import hook as mod
         if args.verb in ("run", "create", "exec"):
             if frontend is None:  # (Python's own entry: pip's script, python -m sandbox.cli)
                 stderr_line(f"sandbox {args.verb}: only the `sandbox` executable runs it (python -m "
-                            "sandbox.launcher PATH writes it; scripts/setup and scripts/install do)")
+                            "sandbox.executor.build PATH writes it; scripts/setup and scripts/install do)")
                 return 2
             return mod.main(args, frontend)
         return mod.main(args)

@@ -183,7 +183,7 @@ POSITIONALS: dict[str, tuple[tuple[Any, ...], ...]] = {
 POSITIONAL_DEFAULTS: dict[str, dict[str, Any]] = {"kill": {"signal": "TERM"}, "exec": {"args": []}}
 LEAN_VERBS = ("create", "run", "start", "state", "kill", "delete", "list", "ps", "exec")  # an engine's, per container
 # Global options that take a value (scanned before argparse, to find the verb early; the
-# launcher, sandbox/launcher.c, is built with this list).
+# launcher, sandbox/executor/launcher.c, is built with this list).
 GLOBAL_VALUES = tuple(name for names, _, kind, *_ in TOP if kind != "bool" for name in names)
 TOP_DESTS = frozenset(dest for _n, dest, *_ in TOP)
 

@@ -21,7 +21,7 @@ import fixtures  # noqa: E402
 # create and run with a planner of its own and its C executor, the path of a node without a
 # server; SANDBOX_SERVER="" in a test is the launcher's own Python (test_served.py's baseline).
 os.environ["SANDBOX_SERVER"] = "/nonexistent/sandbox-tests.sock"  # (a directory no one makes)
-os.environ["SANDBOX_SERVER_IDLE"] = "0"  # nor does a client of a test start one (sandbox/server_connect.h)
+os.environ["SANDBOX_SERVER_IDLE"] = "0"  # nor does a client of a test start one (sandbox/executor/server_connect.h)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -29,7 +29,7 @@ def no_server_left_at_the_nodes_socket():
     """podman passes its runtime no environment on its direct calls (start, kill, delete):
     those of a test that configures podman with our runtime start the node's server (at the
     default socket, as they would on a node). Stopped, and its files removed, at the end."""
-    from sandbox.wire import SOCKET
+    from sandbox.server.wire import SOCKET
 
     there = os.path.lexists(SOCKET)
     yield

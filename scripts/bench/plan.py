@@ -56,7 +56,7 @@ def main() -> int:
     bare = median_ms(lambda: subprocess.run([py, "-c", "pass"], check=True), n)
     whole = median_ms(lambda: subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL), n)
     imports = median_ms(lambda: subprocess.run(
-        [py, "-c", "import sandbox.cli, sandbox.plan_cmd, mounts.driver, mounts.plan"], check=True), n)
+        [py, "-c", "import sandbox.cli, sandbox.verbs.plan, mounts.driver, mounts.plan"], check=True), n)
     ms, libs = in_process(bundle, driver, n * 10)
     print(f"535 fixture ({libs} libraries, compute+utility, 2 GPUs), median of {n} runs:")
     print(f"  sandbox plan --json, whole process  {whole:7.2f} ms")

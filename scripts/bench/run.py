@@ -174,7 +174,7 @@ def _bench(n: int, driver: Path, work: Path) -> int:
         out = subprocess.run([str(raw)], input=binds, capture_output=True, text=True, check=True).stdout
         raw_ms.append(int(out) / 1e6)
 
-    # traced runs: time to exec (start of run_cmd to the container's execve, from the trace:
+    # traced runs: time to exec (start of the run verb to the container's execve, from the trace:
     # the start latency, free of the event loop's import that follows it), the GPU mount
     # phase, the supervisor's peak memory, and one phase table
     trace = work / "trace.json"

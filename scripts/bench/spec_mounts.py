@@ -4,7 +4,7 @@ medians (issue "faults": 10,000 tmpfs mounts took 7.9 s against runc's 0.7 s):
 
   run     `sandbox run` and `runc run` of a busybox bundle with N tmpfs mounts (N = 1000, 10000)
   exec    P parallel `exec true` into one running container (P = 50), sandbox, sandbox with its
-          warm server (the exec front end, sandbox/frontend.c) and runc
+          warm server (the exec front end, sandbox/executor/frontend.c) and runc
 
 Needs root. BENCH_N sets the run count (default 3), BENCH_MOUNTS the mount counts.
 """

@@ -270,7 +270,7 @@ def test_the_hook_finds_the_containers_mount_namespace_by_the_states_pid():
         deadline = time.monotonic() + 10
         while os.stat(f"/proc/{init.pid}/ns/mnt").st_ino == ours and time.monotonic() < deadline:
             time.sleep(0.01)
-        probe = f"from sandbox.cdi_cmd import _mount_here; print(_mount_here({init.pid}))"
+        probe = f"from sandbox.verbs.cdi import _mount_here; print(_mount_here({init.pid}))"
         # from a mount namespace of its own, its parent in another (as a server started inside
         # a private namespace by a script is): the container's is elsewhere, to be joined
         r = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", probe],

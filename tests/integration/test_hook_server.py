@@ -167,7 +167,7 @@ def test_silent_clients_do_not_stop_the_others(server, make_bundle, driver_root,
     REQUEST_TIMEOUT."""
     import socket
 
-    from sandbox.hook_server import MAX_CHILDREN
+    from sandbox.server.listen import MAX_CHILDREN
 
     path, log, _ = server
     silent = silent_clients(path, socket.SOCK_SEQPACKET, MAX_CHILDREN + 6)

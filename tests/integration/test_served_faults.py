@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.wire import TAKE_UP_S
+from sandbox.server.wire import TAKE_UP_S
 from tests.integration.helpers import alive, children
 from tests.integration.test_served import LAUNCHER, served_lines, server, stand_in
 from tests.integration.test_served import verb as verb_
@@ -438,7 +438,7 @@ def test_a_silent_peer_is_dropped_whatever_child_was_forked_meanwhile(server, ma
     another request meanwhile (here a create held by its prestart hook) keeps no copy of it,
     which would keep the EOF of a dead child's connection from its launcher, and this one's
     end from this peer."""
-    from sandbox.hook_server import REQUEST_TIMEOUT
+    from sandbox.server.listen import REQUEST_TIMEOUT
 
     path, log, proc = server
     marker = tmp_path / "hook.pid"

@@ -1,4 +1,4 @@
-"""A server started where none listens (issue #33, sandbox/server_connect.h): the launcher's
+"""A server started where none listens (issue #33, sandbox/executor/server_connect.h): the launcher's
 and the hook client's first verb on a node starts `sandbox serve --idle-exit N`, detached,
 with its own connection queued as the first request; the next verbs are served. Only the
 node's root starts one; it leaves once idle, its socket first; one starter of many wins."""
@@ -223,7 +223,7 @@ def test_a_client_of_another_installation_is_declined(sock, tmp_path):
     s.close()
 
 
-@pytest.mark.parametrize("changed", ["sandbox", "sandbox/hook_server.py"])  # renames into it; a file rewritten
+@pytest.mark.parametrize("changed", ["sandbox", "sandbox/server/listen.py"])  # renames into it; a file rewritten
 def test_an_upgraded_server_declines_and_leaves(sock, tmp_path, changed):
     verb(sock, "--root", tmp_path, "state", "nope")
     [pid] = servers(sock)

@@ -90,7 +90,7 @@ def test_first_hour_messages(tmp_path, monkeypatch):
 
     r = cli("run", str(tmp_path / "missing"))  # (Python's own entry plans nothing: the launcher's planner does)
     assert r.returncode == 2 and r.stderr == "sandbox run: only the `sandbox` executable runs it (python -m " \
-        "sandbox.launcher PATH writes it; scripts/setup and scripts/install do)\n", r.stderr
+        "sandbox.executor.build PATH writes it; scripts/setup and scripts/install do)\n", r.stderr
     r = cli("run", "nope", cwd=tmp_path)
     assert r.returncode == 2 and "nope: no such bundle directory" in r.stderr and "sandbox run BUNDLE" in r.stderr
     r = cli("run", str(tmp_path), "--bogus")

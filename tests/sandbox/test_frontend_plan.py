@@ -1,5 +1,5 @@
 """The process plan, both ends without root: gofer/frontend_plan.py's records (what the
-server sends) parsed by sandbox/frontend.c's own parser (what the launcher carries out),
+server sends) parsed by sandbox/executor/frontend.c's own parser (what the launcher carries out),
 built alone with the limits frontend_plan.py writes for it: the same process both sides, the
 tables' limits where Python says they are, and hostile records refused."""
 
@@ -19,7 +19,7 @@ from gofer import process
 from gofer.seccomp import listener_message
 from mounts.errors import SandboxError
 from mounts.spec import Hook, Personality, Process, Seccomp
-from sandbox import wire
+from sandbox.server import wire
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,9 +31,9 @@ def parser(tmp_path_factory) -> Path:
         pytest.skip("no C compiler")
     d = tmp_path_factory.mktemp("plan")
     (d / "config.h").write_text(wire.c_header())
-    subprocess.run([cc, "-O0", "-w", "-I", str(REPO / "sandbox"), f'-DSANDBOX_CONFIG="{d / "config.h"}"',
+    subprocess.run([cc, "-O0", "-w", "-I", str(REPO / "sandbox/executor"), f'-DSANDBOX_CONFIG="{d / "config.h"}"',
                     "-o", str(d / "plan_parse"), str(REPO / "tests/sandbox/programs/plan_parse.c"),
-                    *(str(REPO / "sandbox" / f) for f in ("plan.c", "process.c"))], check=True)
+                    *(str(REPO / "sandbox/executor" / f) for f in ("plan.c", "process.c"))], check=True)
     return d / "plan_parse"
 
 

@@ -1,7 +1,7 @@
 """What reaches a container cannot be written through /proc/<pid>/exe: the launcher runs
 itself (exec, create, run) and a server's interpreter from a read-only bind mount of the
 file, or where the kernel refuses that mount (here: a user namespace's root, whose mount
-namespace is the host's), from a sealed memfd copy (sandbox/launcher.c)."""
+namespace is the host's), from a sealed memfd copy (sandbox/executor/launcher.c)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from sandbox.launcher import write_launcher
-from sandbox.wire import c_string
+from sandbox.executor.build import write_launcher
+from sandbox.server.wire import c_string
 
 
 def _exe_after_exit(argv: list[str]) -> tuple[int, bool, int]:

@@ -1,5 +1,5 @@
 /*
- * The executor's plan parser (sandbox/plan.c) alone, with process.c's labels, for tests without root (tests/sandbox/test_frontend_plan.py):
+ * The executor's plan parser (sandbox/executor/plan.c) alone, with process.c's labels, for tests without root (tests/sandbox/test_frontend_plan.py):
  * the records on stdin, the fds they name opened from the files given, the parsed plan out
  * as lines, or "refused"; LSM labels are applied to the directory given for the procfs. Built with the header gofer/frontend_plan.py's c_defines() writes.
  * usage: plan_parse [FILE...] < RECORDS

@@ -89,7 +89,7 @@ def run_hook(args, state_json: bytes) -> int:
 def ours(entry: dict) -> bool:
     """Whether a hook entry is one `hook install` wrote: the launcher's `hook`, or an older
     installation's (our Python's -c program, behind its C client or not)."""
-    from sandbox.launcher import MARK
+    from sandbox.executor.build import MARK
 
     args = entry.get("args") or []
     return (os.path.basename(str(entry.get("path", ""))) == "sandbox" and args[1:2] == ["hook"]) or \
@@ -113,7 +113,7 @@ def install(args) -> int:
     if not isinstance(spec, dict) or not isinstance(spec.get("hooks", {}), dict):
         raise BundleError(f"{config}: hooks must be an object")
     # the `sandbox` launcher: a hook the warm server serves starts no Python; where none is of
-    # use, it runs our Python isolated (-IS) with this installation's paths (sandbox/launcher.c)
+    # use, it runs our Python isolated (-IS) with this installation's paths (sandbox/executor/launcher.c)
     hook_args = ["sandbox", "hook", "--driver-root", os.path.abspath(args.driver_root)]
     if args.dev_root:
         hook_args += ["--dev-root", os.path.abspath(args.dev_root)]
@@ -123,7 +123,7 @@ def install(args) -> int:
         hook_args += ["--trace", os.path.abspath(args.trace)]
     if args.server:
         hook_args += ["--server", os.path.abspath(args.server)]
-    from sandbox.launcher import installed
+    from sandbox.executor.build import installed
 
     entry = {"path": installed(), "args": hook_args, "env": hook_env()}
     hooks = spec.setdefault("hooks", {})

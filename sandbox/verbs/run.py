@@ -3,7 +3,7 @@
 
 Run in the planner (the server's child, or the launcher's own): a create that it then starts
 through exec.fifo. In the foreground the launcher, pid 1's parent, waits for the container and
-reports its end (sandbox/create_frontend.py's wait); this code then runs the poststop hooks
+reports its end (sandbox/server/create_plan.py's wait); this code then runs the poststop hooks
 and removes the container.
 """
 
@@ -19,7 +19,7 @@ from sandbox.launch import launch, options, write_pid_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from sandbox.create_frontend import CreateFrontend
+    from sandbox.server.create_plan import CreateFrontend
 
 
 def main(args, frontend: CreateFrontend) -> int:
@@ -41,8 +41,8 @@ def main(args, frontend: CreateFrontend) -> int:
         if args.trace:
             _write_trace(args.trace, spans, [])
         raise
-    from sandbox.start_cmd import release
     from sandbox.state import StateDir
+    from sandbox.verbs.start import release
 
     sd = StateDir(opts.root, opts.cid)
     if args.pid_file:

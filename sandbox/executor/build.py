@@ -4,16 +4,16 @@ less per start), with this installation's import paths baked in. `scripts/setup`
 over pip's console script; `sandbox hook install` and `sandbox cdi generate` put the same
 program in hook entries.
 
-It is sandbox/launcher.c, built here with the interpreter and the program baked in: it runs
+It is sandbox/executor/launcher.c, built here with the interpreter and the program baked in: it runs
 from a sealed view of itself (CVE-2019-5736, see there), has the warm server run the verbs
 that start no process (SERVED), and carries out the plans of exec, create and run (its
 executor: frontend.c, plan.c, process.c). A C compiler is needed to install sandbox.
 
-    python -m sandbox.launcher PATH [--strip DESTDIR]
+    python -m sandbox.executor.build PATH [--strip DESTDIR]
                                         writes the launcher to PATH (naming the interpreter and
                                         the import paths without DESTDIR: a staged install's)
 
-It is built with the header sandbox/wire.py writes (the wire's numbers, the plan's tables).
+It is built with the header sandbox/server/wire.py writes (the wire's numbers, the plan's tables).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def write_launcher(path: str, strip: str = "") -> None:
     """The launcher at ``path``: launcher.c and its executor built with this installation's
     interpreter and program."""
     from sandbox.flags import GLOBAL_VALUES
-    from sandbox.wire import c_string
+    from sandbox.server.wire import c_string
 
     _build(path, ["launcher.c", "frontend.c", "plan.c", "process.c"],
            f"#define SANDBOX_PYTHON {c_string(_unstaged(sys.executable, strip))}\n"
@@ -78,11 +78,11 @@ def _cc() -> str | None:
 
 def _build(path: str, sources: list[str], config: str, defines: tuple[str, ...] = ()) -> None:
     """``sources`` (of this directory) compiled into ``path``, with the wire's header
-    (sandbox/wire.py) and ``config`` as the SANDBOX_CONFIG they include."""
+    (sandbox/server/wire.py) and ``config`` as the SANDBOX_CONFIG they include."""
     import subprocess
     import tempfile
 
-    from sandbox.wire import c_header
+    from sandbox.server.wire import c_header
 
     cc = _cc()
     if cc is None:

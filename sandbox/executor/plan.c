@@ -1,4 +1,4 @@
-/* The process plan's records as sandbox/frontend.c carries them out: received (recv_plan),
+/* The process plan's records as sandbox/executor/frontend.c carries them out: received (recv_plan),
  * unwrapped from a memfd (plan_records) and parsed into struct plan (parse). gofer/frontend_plan.py
  * writes them. */
 #include "executor.h"

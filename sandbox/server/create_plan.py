@@ -2,7 +2,7 @@
 verb's Python (the command line, the state, the bundle, the cgroup with the launcher in it,
 the plan) and forks the gofer, warm; the container's init is made by the launcher, as its
 child, and the gofer builds its root from inside its namespaces and hands it its process
-(gofer/remote_init.py, sandbox/frontend.c). No Python starts on the container's path. A run
+(gofer/remote_init.py, sandbox/executor/frontend.c). No Python starts on the container's path. A run
 is a create that the server's child then starts (through exec.fifo, as `run -d`); in the
 foreground, the launcher reaps the container and reports its end (``wait``), and the child
 removes it as Python's run does.
@@ -22,7 +22,7 @@ import socket
 
 from gofer.cgroups.common import cgroup_dirs
 from mounts.errors import SandboxError
-from sandbox.exec_frontend import Decline
+from sandbox.server.exec_plan import Decline
 
 
 class CreateFrontend:
@@ -77,7 +77,7 @@ class CreateFrontend:
         import signal
 
         from mounts.errors import SandboxError
-        from sandbox.delete_cmd import kill_all
+        from sandbox.verbs.delete import kill_all
 
         if os.fork():  # the wait is no request of the server's: out of its children (MAX_CHILDREN)
             os._exit(0)

@@ -10,7 +10,7 @@ from sandbox.launch import launch, options, write_pid_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from sandbox.create_frontend import CreateFrontend
+    from sandbox.server.create_plan import CreateFrontend
 
 
 def main(args, frontend: CreateFrontend) -> int:

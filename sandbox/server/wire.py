@@ -1,8 +1,8 @@
 """The warm server's wire, written once: the socket, the limits and deadlines both sides keep,
 the verbs the launcher has served, and (c_header) the same as the C header the launcher and its
-executor are built with (sandbox/launcher.py writes it), so C and
-Python can never disagree. The server is sandbox/hook_server.py; its one client the
-launcher, sandbox/launcher.c (with sandbox/server_wire.h), for verbs and hooks alike; the
+executor are built with (sandbox/executor/build.py writes it), so C and
+Python can never disagree. The server is sandbox/server/listen.py; its one client the
+launcher, sandbox/executor/launcher.c (with sandbox/executor/server_wire.h), for verbs and hooks alike; the
 process plan's records are gofer/frontend_plan.py's."""
 
 from __future__ import annotations

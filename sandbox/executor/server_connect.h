@@ -1,4 +1,4 @@
-/* Reaching the warm server (sandbox/hook_server.py), for the launcher (launcher.c), whose
+/* Reaching the warm server (sandbox/server/listen.py), for the launcher (launcher.c), whose
  * verbs and hooks it serves: one connect, and where nothing answers at the socket, a
  * server started here, detached, with this very connection queued as its first request
  * (issue #33: no one pays the interpreter's start twice, units installed or not).

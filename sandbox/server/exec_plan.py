@@ -1,6 +1,6 @@
 """`sandbox exec` with the warm server: the server's child runs the verb's Python (the command
-line, the state, the bundle, the process and every check, as exec_cmd does) and, in place of
-gofer/enter.py's fork, sends the launcher a plan that its C front end (sandbox/frontend.c)
+line, the state, the bundle, the process and every check, as the exec verb does) and, in place of
+gofer/enter.py's fork, sends the launcher a plan that its C front end (sandbox/executor/frontend.c)
 carries out: the process must descend from the engine's own (a subreaper waits for it), so
 only the launcher's process may fork it. Python starts nowhere on the container's path.
 

@@ -56,7 +56,7 @@ def main(args) -> int:
 def kill_all(state) -> None:
     """SIGKILL every process of the container, and wait until they are gone (none before its
     init is known)."""
-    from sandbox.state_cmd import container_pids, signal_all
+    from sandbox.verbs.state import container_pids, signal_all
 
     if state.creating:
         return

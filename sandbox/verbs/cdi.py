@@ -38,8 +38,8 @@ def main(args) -> int:
 
 def generate(args) -> int:
     from mounts.driver import discover
-    from sandbox.hook_cmd import hook_env
-    from sandbox.launcher import installed
+    from sandbox.executor.build import installed
+    from sandbox.verbs.hook import hook_env
 
     inventory = discover(args.driver_root, args.dev_root)
     if args.debug:  # what discovery passed over: wrappers, links leading nowhere ...
@@ -69,7 +69,7 @@ def hook(args, state_json: bytes | None = None) -> int:
     from mounts.bundle import load_bundle
     from mounts.cdi import hook_actions
     from sandbox.api import apply_plan
-    from sandbox.hook_cmd import ContainerState
+    from sandbox.verbs.hook import ContainerState
 
     os.chdir("/")
     try:

@@ -1,4 +1,4 @@
-/* The client's half of the warm server's wire (sandbox/hook_server.py), the `sandbox`
+/* The client's half of the warm server's wire (sandbox/server/listen.py), the `sandbox`
  * launcher's (launcher.c, its one client, for verbs and hooks): one JSON object per
  * SOCK_SEQPACKET message each way, written and read here without a JSON library. */
 #ifndef SANDBOX_SERVER_WIRE_H
@@ -8,7 +8,7 @@
 #include <string.h>
 
 /* MAX_REQUEST, DEFAULT_SOCKET, TAKE_UP_S, REPORT_ANSWER_S, SANDBOX_SERVED:
- * sandbox/wire.py's, in the header sandbox/launcher.py builds every C program with */
+ * sandbox/server/wire.py's, in the header sandbox/executor/build.py builds every C program with */
 #include SANDBOX_CONFIG
 
 struct buf { char *p; size_t n, cap, max; }; /* (max: bytes it may grow to; 0: MAX_REQUEST) */

@@ -7,7 +7,7 @@
 
 #include <sys/types.h>
 
-#include SANDBOX_CONFIG /* PLAN_*: gofer/frontend_plan.py's limits, as sandbox/launcher.py writes them */
+#include SANDBOX_CONFIG /* PLAN_*: gofer/frontend_plan.py's limits, as sandbox/executor/build.py writes them */
 #define MAX_FDS PLAN_MAX_FDS
 
 /* One message of records from s with its fds (close-on-exec), into buf (cap bytes and a NUL,

@@ -16,9 +16,9 @@
  * A verb that starts no process of the container's (state, kill, delete, start, ...: the
  * warm server's SERVED), and an OCI hook's call (`hook`, `cdi hook`: `hook install` and `cdi
  * generate` write this program into hook entries, so a hook served warm starts no Python),
- * is first offered to the warm server (sandbox/hook_server.py, at a hook's --server,
+ * is first offered to the warm server (sandbox/server/listen.py, at a hook's --server,
  * $SANDBOX_SERVER or /run/gpu-sandbox/hook.sock; SANDBOX_SERVER= never; where none listens
- * and the caller is the node's root, one is started, sandbox/server_connect.h): the request carries
+ * and the caller is the node's root, one is started, sandbox/executor/server_connect.h): the request carries
  * the command line, the cwd, the umask and the environment (a byte that is not UTF-8 as
  * Python's surrogateescape reads it), and this process's stdin, stdout and stderr as
  * SCM_RIGHTS (a closed one is /dev/null first, as under runc), so the server's forked child
@@ -30,12 +30,12 @@
  * served create's pid 1 starts with).
  *
  * `exec`, `create` and `run` are never run in Python: the server answers with a plan that
- * frontend.c carries out in this process tree (sandbox/exec_frontend.py,
- * sandbox/create_frontend.py); where the server is of no use (or SANDBOX_SERVER= is empty),
+ * frontend.c carries out in this process tree (sandbox/server/exec_plan.py,
+ * sandbox/server/create_plan.py); where the server is of no use (or SANDBOX_SERVER= is empty),
  * a planner of our own does (own_planner: `serve --once` on a socketpair, the same wire and
  * code), and where it declines too (not the node's root), the verb fails with its reason.
  *
- * sandbox/launcher.py builds this file with SANDBOX_PYTHON (the interpreter, as argv[0]
+ * sandbox/executor/build.py builds this file with SANDBOX_PYTHON (the interpreter, as argv[0]
  * names it), SANDBOX_CODE (the program for -c), SANDBOX_SERVED and SANDBOX_GLOBAL_VALUES
  * (the served verbs and the global options that take a value, from Python's own lists)
  * defined in a generated header.
