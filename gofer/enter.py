@@ -1,5 +1,5 @@
 """The container's namespaces as the executor joins them (sandbox/executor/frontend.c): opened through
-one pinned /proc/<init> (open_namespaces), for exec's plan (sandbox/server/exec_plan.py) and for
+one pinned /proc/<init> (open_namespaces), for exec's plan (sandbox/executor/exec_plan.py) and for
 the builder (gofer/remote_init.py); and the executor's report ("pid N", "err CODE MESSAGE"),
 read back as a pid or a one-line error (parse_report).
 """

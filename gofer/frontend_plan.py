@@ -1,4 +1,4 @@
-"""The process plan sandbox/executor/frontend.c carries out, for exec's process (sandbox/server/exec_plan.py)
+"""The process plan sandbox/executor/frontend.c carries out, for exec's process (sandbox/executor/exec_plan.py)
 and for a created init (gofer/remote_init.py): NUL-terminated "KEY VALUE" records, with the
 fds they name sent in the same order as SCM_RIGHTS. Python works out every value; C only
 applies them, in gofer.process.tail's order."""

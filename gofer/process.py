@@ -163,7 +163,7 @@ def look_up(proc: Process) -> Entry:
 
 def environment(proc: Process, entry: Entry) -> dict[str, str]:
     """What the process execs with: the spec's env alone (the last of a name wins), HOME as
-    looked up (sandbox/server/exec_plan.py sends the same to the C front end)."""
+    looked up (sandbox/executor/exec_plan.py sends the same to the C front end)."""
     env = dict(item.partition("=")[::2] for item in proc.env)
     env["HOME"] = entry.home
     return env

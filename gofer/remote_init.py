@@ -1,4 +1,4 @@
-"""Served create (sandbox/server/create_plan.py): the container's init is the launcher's child
+"""Served create (sandbox/executor/create_plan.py): the container's init is the launcher's child
 (sandbox/executor/frontend.c's init_process), pid 1 of its new pid namespace, so that it descends
 from the engine's process (a subreaper waits for it), and no Python starts on the way.
 

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
 
 def main(argv: list[str] | None = None, frontend=None) -> int:
-    """``frontend``: the exec or create front end (sandbox/server/exec_plan.py,
-    sandbox/server/create_plan.py), in a planner's child (the server's, or the launcher's own):
+    """``frontend``: the exec or create front end (sandbox/executor/exec_plan.py,
+    sandbox/executor/create_plan.py), in a planner's child (the server's, or the launcher's own):
     run, create and exec are planned there and carried out by the `sandbox` executable."""
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["serve", "--once"] and frontend is None:  # the launcher's own planner: its command line, as it writes it

@@ -1,6 +1,6 @@
 """Start a container up to the moment its init is ready: what `sandbox run` and `sandbox
 create` share, in the planner (the server's child), once sandbox/fork.py has forked the
-gofer; the launcher makes pid 1 (sandbox/server/create_plan.py, gofer/remote_init.py)."""
+gofer; the launcher makes pid 1 (sandbox/executor/create_plan.py, gofer/remote_init.py)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ NO_DEVICE_RULES = ("no devices cgroup here (a v1 devices controller, or cgroup v
 
 
 class Launcher(NamedTuple):
-    """The launcher (sandbox/server/create_plan.py): it goes into the container's cgroup, and
+    """The launcher (sandbox/executor/create_plan.py): it goes into the container's cgroup, and
     the gofer has it fork the init (gofer/remote_init.py)."""
 
     pid: int

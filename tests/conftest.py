@@ -29,7 +29,7 @@ def no_server_left_at_the_nodes_socket():
     """podman passes its runtime no environment on its direct calls (start, kill, delete):
     those of a test that configures podman with our runtime start the node's server (at the
     default socket, as they would on a node). Stopped, and its files removed, at the end."""
-    from sandbox.server.wire import SOCKET
+    from sandbox.executor.wire import SOCKET
 
     there = os.path.lexists(SOCKET)
     yield

@@ -13,7 +13,7 @@ executor: frontend.c, plan.c, process.c). A C compiler is needed to install sand
                                         writes the launcher to PATH (naming the interpreter and
                                         the import paths without DESTDIR: a staged install's)
 
-It is built with the header sandbox/server/wire.py writes (the wire's numbers, the plan's tables).
+It is built with the header sandbox/executor/wire.py writes (the wire's numbers, the plan's tables).
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def _unstaged(path: str, strip: str) -> str:
 def write_launcher(path: str, strip: str = "") -> None:
     """The launcher at ``path``: launcher.c and its executor built with this installation's
     interpreter and program."""
+    from sandbox.executor.wire import c_string
     from sandbox.flags import GLOBAL_VALUES
-    from sandbox.server.wire import c_string
 
     _build(path, ["launcher.c", "frontend.c", "plan.c", "process.c"],
            f"#define SANDBOX_PYTHON {c_string(_unstaged(sys.executable, strip))}\n"
@@ -78,11 +78,11 @@ def _cc() -> str | None:
 
 def _build(path: str, sources: list[str], config: str, defines: tuple[str, ...] = ()) -> None:
     """``sources`` (of this directory) compiled into ``path``, with the wire's header
-    (sandbox/server/wire.py) and ``config`` as the SANDBOX_CONFIG they include."""
+    (sandbox/executor/wire.py) and ``config`` as the SANDBOX_CONFIG they include."""
     import subprocess
     import tempfile
 
-    from sandbox.server.wire import c_header
+    from sandbox.executor.wire import c_header
 
     cc = _cc()
     if cc is None:

@@ -1,5 +1,5 @@
 /*
- * `sandbox exec` as the warm server plans it (sandbox/server/exec_plan.py has the other half and
+ * `sandbox exec` as the warm server plans it (sandbox/executor/exec_plan.py has the other half and
  * the why): the server has done all of the verb's Python (the command line, the state, the
  * bundle, the process, the checks, the namespaces' fds through a pinned /proc/<init>, the
  * cgroups' files, the seccomp filter compiled to BPF, the cwd resolved inside the container's

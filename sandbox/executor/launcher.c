@@ -30,8 +30,8 @@
  * served create's pid 1 starts with).
  *
  * `exec`, `create` and `run` are never run in Python: the server answers with a plan that
- * frontend.c carries out in this process tree (sandbox/server/exec_plan.py,
- * sandbox/server/create_plan.py); where the server is of no use (or SANDBOX_SERVER= is empty),
+ * frontend.c carries out in this process tree (sandbox/executor/exec_plan.py,
+ * sandbox/executor/create_plan.py); where the server is of no use (or SANDBOX_SERVER= is empty),
  * a planner of our own does (own_planner: `serve --once` on a socketpair, the same wire and
  * code), and where it declines too (not the node's root), the verb fails with its reason.
  *

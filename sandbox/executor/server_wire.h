@@ -8,7 +8,7 @@
 #include <string.h>
 
 /* MAX_REQUEST, DEFAULT_SOCKET, TAKE_UP_S, REPORT_ANSWER_S, SANDBOX_SERVED:
- * sandbox/server/wire.py's, in the header sandbox/executor/build.py builds every C program with */
+ * sandbox/executor/wire.py's, in the header sandbox/executor/build.py builds every C program with */
 #include SANDBOX_CONFIG
 
 struct buf { char *p; size_t n, cap, max; }; /* (max: bytes it may grow to; 0: MAX_REQUEST) */

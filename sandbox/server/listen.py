@@ -32,8 +32,8 @@ the `sandbox` launcher itself (sandbox/executor/launcher.c), never from Python:
 These verbs fork nothing the container runs (poststart and poststop hooks are the spec's
 commands, run to completion), so nothing needs to descend from the engine's process. exec
 does fork the container's process: its child answers with a plan, not {"running"}, and the
-launcher forks (sandbox/server/exec_plan.py, sandbox/executor/frontend.c); so does create's, whose
-gofer has the launcher fork the init and builds its root (sandbox/server/create_plan.py,
+launcher forks (sandbox/executor/exec_plan.py, sandbox/executor/frontend.c); so does create's, whose
+gofer has the launcher fork the init and builds its root (sandbox/executor/create_plan.py,
 gofer/remote_init.py): its child says {"running"} once it will not decline, before it
 claims the id, and the "clone" records follow. run goes as create does, then the server's
 child starts the container, and for a foreground run answers {"started"}: the launcher,
@@ -53,11 +53,11 @@ from __future__ import annotations
 import os
 import sys
 
+from sandbox.executor.wire import SOCKET
 from sandbox.server import requests
 from sandbox.server.cache import filter_cache
 from sandbox.server.requests import decline, handle
 from sandbox.server.trust import root_only_dir, trusted_peer
-from sandbox.server.wire import SOCKET
 
 MAX_CHILDREN = 64  # hooks and verbs served at once; more are told to do the work themselves
 MAX_WAITING = 256  # connections whose request has not come yet; more are told so too
@@ -389,7 +389,7 @@ def _preload() -> None:
     from gofer import embed, enter, gpu, main, remote_init, root, seccomp, spans, systemd  # noqa: F401
     from mounts import atomic, bundle, driver, elf, ldcache, plan, request, spec  # noqa: F401
     from sandbox import api, launch  # noqa: F401
-    from sandbox.server import create_plan, exec_plan  # noqa: F401
+    from sandbox.executor import create_plan, exec_plan  # noqa: F401
     from sandbox.verbs import cdi, create, delete, exec, features, hook, run, start, state, update  # noqa: F401
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import sys
 
+from sandbox.executor.wire import MAX_REQUEST, SERVED
 from sandbox.server.trust import sealed, trusted_peer, unpack_cred
-from sandbox.server.wire import MAX_REQUEST, SERVED
 
 PROGRAM = ""  # the `sandbox` program our clients run (build.entry_code): another's is declined
 
@@ -121,7 +121,7 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     frontend: object = None
     if verb == "exec":
         # exec answers with a plan (or an error's code) for the launcher to carry out
-        from sandbox.server.exec_plan import Decline, Frontend
+        from sandbox.executor.exec_plan import Decline, Frontend
 
         frontend = Frontend(conn)
     elif verb in ("create", "run"):
@@ -134,8 +134,8 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
             decline(conn, f"{verb}: the server's interpreter is not sealed (start it as `sandbox serve`)", read=False)
             return 0
 
-        from sandbox.server.create_plan import CreateFrontend
-        from sandbox.server.exec_plan import Decline
+        from sandbox.executor.create_plan import CreateFrontend
+        from sandbox.executor.exec_plan import Decline
 
         pid = unpack_cred(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
         frontend = CreateFrontend(conn, pid)

@@ -10,7 +10,7 @@ from sandbox.launch import launch, options, write_pid_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from sandbox.server.create_plan import CreateFrontend
+    from sandbox.executor.create_plan import CreateFrontend
 
 
 def main(args, frontend: CreateFrontend) -> int:

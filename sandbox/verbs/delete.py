@@ -9,10 +9,10 @@ systemd unit we started), never a process we do not know to be the container's."
 from __future__ import annotations
 
 import os
-import time
 
 from mounts.errors import SandboxError
-from sandbox.state import StateDir, being_created, not_found, remove_cgroups, start_time
+from sandbox.processes import kill_all
+from sandbox.state import StateDir, being_created, not_found, remove_cgroups
 
 
 def main(args) -> int:
@@ -51,20 +51,3 @@ def main(args) -> int:
             warn(str(e))
     sd.remove()
     return 0
-
-
-def kill_all(state) -> None:
-    """SIGKILL every process of the container, and wait until they are gone (none before its
-    init is known)."""
-    from sandbox.verbs.state import container_pids, signal_all
-
-    if state.creating:
-        return
-
-    signal_all(state, 9)  # SIGKILL
-    deadline = time.monotonic() + 10
-    while start_time(state.pid) == state.start_time or (
-            not state.pid_ns_own and any(start_time(p) is not None for p in container_pids(state))):
-        if time.monotonic() > deadline:
-            raise SandboxError(f"container {state.id!r}: pid {state.pid} did not die after SIGKILL")
-        time.sleep(0.002)

@@ -2,7 +2,7 @@
 
 Without --process the container's own process spec (from its bundle) is the base, and the
 flags change it as runc's do: the args, -e added to the env, --cwd, -u, -g, --cap added,
---no-new-privs, -t. The launcher's executor makes the process (sandbox/server/exec_plan.py)."""
+--no-new-privs, -t. The launcher's executor makes the process (sandbox/executor/exec_plan.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from sandbox.state import StateDir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from sandbox.server.exec_plan import Frontend
+    from sandbox.executor.exec_plan import Frontend
 
 
 def main(args, frontend: Frontend) -> int:
     """Run in the planner (the server's child, or the launcher's own): ``frontend`` sends the
-    launcher the process's plan, and the launcher forks it (sandbox/server/exec_plan.py)."""
+    launcher the process's plan, and the launcher forks it (sandbox/executor/exec_plan.py)."""
     state = StateDir(args.root, args.container_id).load()
     if state.status not in ("running", "created"):
         raise SandboxError(f"cannot exec in container {state.id!r}: it is {state.status}")

@@ -3,7 +3,7 @@
 
 Run in the planner (the server's child, or the launcher's own): a create that it then starts
 through exec.fifo. In the foreground the launcher, pid 1's parent, waits for the container and
-reports its end (sandbox/server/create_plan.py's wait); this code then runs the poststop hooks
+reports its end (sandbox/executor/create_plan.py's wait); this code then runs the poststop hooks
 and removes the container.
 """
 
@@ -19,7 +19,7 @@ from sandbox.launch import launch, options, write_pid_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from sandbox.server.create_plan import CreateFrontend
+    from sandbox.executor.create_plan import CreateFrontend
 
 
 def main(args, frontend: CreateFrontend) -> int:

@@ -161,7 +161,7 @@ def test_a_ptrace_capable_container_sees_no_writable_host_file(runtime, make_bun
 
 
 def test_a_created_init_of_the_launchers_shows_no_host_file(make_bundle, tmp_path, monkeypatch):
-    """Served create (sandbox/server/create_plan.py): the container's pid 1 is the launcher, a C
+    """Served create (sandbox/executor/create_plan.py): the container's pid 1 is the launcher, a C
     program, waiting for start. A process exec'd into the container with CAP_SYS_PTRACE
     opens its exe (a read-only view of the launcher), cwd, root (the container's, never a
     host directory), fds (exec.fifo: a FIFO of the state's, not writable as a file) and maps:

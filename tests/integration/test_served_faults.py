@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.server.wire import TAKE_UP_S
+from sandbox.executor.wire import TAKE_UP_S
 from tests.integration.helpers import alive, children
 from tests.integration.test_served import LAUNCHER, served_lines, server, stand_in
 from tests.integration.test_served import verb as verb_

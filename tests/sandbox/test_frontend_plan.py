@@ -19,7 +19,7 @@ from gofer import process
 from gofer.seccomp import listener_message
 from mounts.errors import SandboxError
 from mounts.spec import Hook, Personality, Process, Seccomp
-from sandbox.server import wire
+from sandbox.executor import wire
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from sandbox.executor.build import write_launcher
-from sandbox.server.wire import c_string
+from sandbox.executor.wire import c_string
 
 
 def _exe_after_exit(argv: list[str]) -> tuple[int, bool, int]:

@@ -1,5 +1,5 @@
 """The wire's numbers as C sees them: a program built as sandbox/executor/build.py builds the C
-clients (the header sandbox/server/wire.py writes, sandbox/executor/server_wire.h) prints what it was given,
+clients (the header sandbox/executor/wire.py writes, sandbox/executor/server_wire.h) prints what it was given,
 held against Python's, without root."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from gofer import frontend_plan
 from sandbox.executor import build as launcher
-from sandbox.server import wire
+from sandbox.executor import wire
 
 SANDBOX = Path(launcher.__file__).resolve().parent
 

@@ -22,7 +22,7 @@ import socket
 
 from gofer.cgroups.common import cgroup_dirs
 from mounts.errors import SandboxError
-from sandbox.server.exec_plan import Decline
+from sandbox.executor.exec_plan import Decline
 
 
 class CreateFrontend:
@@ -77,7 +77,7 @@ class CreateFrontend:
         import signal
 
         from mounts.errors import SandboxError
-        from sandbox.verbs.delete import kill_all
+        from sandbox.processes import kill_all
 
         if os.fork():  # the wait is no request of the server's: out of its children (MAX_CHILDREN)
             os._exit(0)
