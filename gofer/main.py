@@ -95,17 +95,7 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         raise GoferError("config.json: no process to run")
     process.check_labels(spec.process, spec.linux.mount_label)
     hooks = spec.hooks.ours() if spec.hooks is not None else None
-    if hooks is not None and hooks.create_container:
-        import subprocess  # noqa: F401 - imported from the host's tree, before any namespace is joined
-    # Host-side things the init needs later are taken now, before any namespace is joined (a
-    # mount namespace named by path would resolve them in another tree) or pivot_root.
-    fifo = os.open(start.exec_fifo, os.O_RDWR | os.O_CLOEXEC)
-    console = process.connect_console(start.console_socket) if start.console_socket else None
-    bpf = listener = None
-    if spec.linux.seccomp is not None:  # libseccomp is a host library: the filter is built now
-        with spans.span("seccomp compile", rules=len(spec.linux.seccomp.syscalls)):
-            bpf = seccomp.export(spec.linux.seccomp)
-            listener = seccomp.connect_listener(spec.linux.seccomp)
+    taken = _from_the_host(start, hooks, spans)
     in_userns, _path = userns.new_namespace(spec)
     # pid 1 is the launcher's child, made in the container's namespaces (gofer/remote_init.py)
     t = time.monotonic_ns()
@@ -125,6 +115,56 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         sc.loopback_up()
     spans.pid = init
     spans.add("clone pid 1", t)
+    root = _build(sock, start, sources, cgroups, in_userns, spans)
+    # the state hooks read on stdin (built before pivot_root: nothing to import after), and
+    # what a seccomp agent is told with the notification fd
+    status = hook_state(start.id, "creating", init, start.bundle, start.spec.annotations)
+    state = msgspec.json.encode(status)
+    # the startContainer hooks' (after start, as runc's init tells them: "created")
+    started = msgspec.json.encode(hook_state(start.id, "created", init, start.bundle, start.spec.annotations))
+    _creating_hooks(sock, start, hooks, init, state, spans)
+    _finish(root, spec, spans)
+    t_user = time.monotonic_ns()
+
+    def ready() -> None:
+        """Once pid 1 is the container's user: Ready, after which we exit (see hand_over).
+        Ready makes us visible to the container's other processes (exec's): no fd or
+        privilege of ours may lead to the host from here on."""
+        spans.add("user", t_user)
+        sc.leave_host_proc()
+        remote_init.shed_privileges({sock.fileno()})  # (chan: handed over and closed)
+        spans.add("exec", time.monotonic_ns())
+        protocol.send(sock, protocol.Ready(spans.items, init))
+
+    fifo, console, bpf, listener = taken
+    remote_init.hand_over(chan, init, spec, bpf, fifo, console, (listener, status) if listener else None, started,
+                          in_userns, ready)
+    os._exit(0)
+
+
+def _from_the_host(start: protocol.Start, hooks, spans: Spans) -> tuple:
+    """What the init needs later from the host's tree, taken before any namespace is joined
+    (a mount namespace named by path would resolve them in another tree) or pivot_root:
+    exec.fifo, the console socket, the seccomp filter (libseccomp is a host library) and its
+    agent's connection: (fifo, console, bpf, listener)."""
+    spec = start.spec
+    if hooks is not None and hooks.create_container:
+        import subprocess  # noqa: F401 - imported from the host's tree, before any namespace is joined
+    fifo = os.open(start.exec_fifo, os.O_RDWR | os.O_CLOEXEC)
+    console = process.connect_console(start.console_socket) if start.console_socket else None
+    bpf = listener = None
+    if spec.linux.seccomp is not None:
+        with spans.span("seccomp compile", rules=len(spec.linux.seccomp.syscalls)):
+            bpf = seccomp.export(spec.linux.seccomp)
+            listener = seccomp.connect_listener(spec.linux.seccomp)
+    return fifo, console, bpf, listener
+
+
+def _build(sock: socket.socket, start: protocol.Start, sources, cgroups, in_userns: bool, spans: Spans):
+    """The container's root, in its mount namespace: the rootfs, the spec's mounts, the
+    devices, the GPU mounts the supervisor streams."""
+    spec = start.spec
+    assert spec.process is not None
     with spans.span("rootfs"):
         # In a user namespace the image's files stay the host's (nobody's, in there): no
         # overlay of the whole root, whose directories root in there could not write, but
@@ -140,15 +180,14 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
         s.args["requests"] = _gpu_requests(sock, root, spans)
         s.args["overlays"] = len(root.overlays)
         s.args["created"] = root.created
-    # the state hooks read on stdin (built before pivot_root: nothing to import after), and
-    # what a seccomp agent is told with the notification fd
-    status = hook_state(start.id, "creating", init, start.bundle, start.spec.annotations)
-    state = msgspec.json.encode(status)
-    # the startContainer hooks' (after start, as runc's init tells them: "created")
-    started = msgspec.json.encode(hook_state(start.id, "created", init, start.bundle, start.spec.annotations))
+    return root
+
+
+def _creating_hooks(sock: socket.socket, start: protocol.Start, hooks, init: int, state: bytes, spans: Spans) -> None:
+    """The hooks of a container being created, after the mounts and before pivot_root:
+    prestart and createRuntime, which the supervisor runs in the runtime's namespaces while
+    we wait, then createContainer, here in the container's."""
     if start.hooks_pause:
-        # prestart and createRuntime run in the runtime's namespaces: the supervisor runs them
-        # while we wait here, after the mounts and before pivot_root.
         with spans.span("runtime hooks"):
             protocol.send(sock, protocol.Paused(init))
             if not isinstance(protocol.recv_request(sock), protocol.Resume):
@@ -156,6 +195,11 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
     if hooks is not None and hooks.create_container:
         with spans.span("createContainer hooks"):
             run_hooks(hooks.create_container, "createContainer", state)
+
+
+def _finish(root, spec, spans: Spans) -> None:
+    """pivot_root, then what the container may not undo: sysctls, masked and read-only
+    paths, a read-only root, the hostname, the root's propagation."""
     with spans.span("pivot_root"):
         rootfs.pivot(root)
     with spans.span("masks"):
@@ -167,21 +211,6 @@ def run(sock: socket.socket, t_spawn: int, parent: int) -> None:
             socket.sethostname(spec.hostname)
         rootfs.propagate_root(spec)
     root.close()
-    t_user = time.monotonic_ns()
-
-    def ready() -> None:
-        """Once pid 1 is the container's user: Ready, after which we exit (see hand_over).
-        Ready makes us visible to the container's other processes (exec's): no fd or
-        privilege of ours may lead to the host from here on."""
-        spans.add("user", t_user)
-        sc.leave_host_proc()
-        remote_init.shed_privileges({sock.fileno()})  # (chan: handed over and closed)
-        spans.add("exec", time.monotonic_ns())
-        protocol.send(sock, protocol.Ready(spans.items, init))
-
-    remote_init.hand_over(chan, init, spec, bpf, fifo, console, (listener, status) if listener else None, started,
-                          in_userns, ready)
-    os._exit(0)
 
 
 def serve(sock: socket.socket, t_spawn: int, parent: int) -> None:

@@ -104,9 +104,7 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher, read=None) ->
     read_bundle's, where the caller has it already (the front end checked the bundle)."""
     import prctl
 
-    from gofer import protocol
-    from gofer.cgroups import devices_enforced
-    from mounts.errors import BundleError, SandboxError
+    from mounts.errors import SandboxError
     from sandbox.state import StateDir, new_state
 
     # Orphans below us come to us, not to the host's init: the builder once the gofer that
@@ -114,120 +112,164 @@ def launch(opts: Options, gofer: Gofer, spans, launcher: Launcher, read=None) ->
     # namespace hold nothing of ours. (pid 1 is the launcher's child, never ours.)
     prctl.set_child_subreaper(True)
     sd = StateDir(opts.root, opts.cid)
-    # creating: ours is the pid recorded (and its start time) until the init is ready; the
+    # the claim: ours is the pid recorded (and its start time) until the init is ready; the
     # gofer's would read "stopped" once it has forked pid 1, and kill and delete go by it
     sd.create(new_state(opts.cid, os.getpid(), opts.bundle, foreground=opts.foreground), fifo=True)
-    sock = gofer.sock
-    init = cgroup = None
+    made = _Made()
     try:
         error = None
         try:
             with spans.span("bundle parse"):
-                bundle, (spec, request, warnings) = read or read_bundle(opts)
-                if spec.process is None:
-                    raise BundleError(f"{bundle.path}/config.json: process is missing: nothing to run")
-                for w in warnings:
-                    from sandbox.messages import warn
-
-                    warn(w)
-                assert spec.process is not None  # (CDI edits keep it)
-                cdi_actions = []  # our CDI spec's hooks (an engine's CDI injection): done natively
-                if spec.hooks is not None and (cdi_args := spec.hooks.cdi_args()):
-                    from mounts.cdi import spec_hook_actions
-
-                    cdi_actions = spec_hook_actions(cdi_args)
-                # (a foreground run's terminal is the launcher's)
-                if spec.process.terminal and not opts.foreground and not opts.console_socket:
-                    raise BundleError(f"{bundle.path}/config.json: process.terminal is set: a detached "
-                                      "container needs --console-socket to hand its terminal to")
-                if opts.console_socket and not (spec.process.terminal and not opts.foreground):
-                    raise BundleError(f"--console-socket {opts.console_socket}: only for a detached container "
-                                      f"with a terminal ({bundle.path}/config.json: process.terminal is "
-                                      f"{str(spec.process.terminal).lower()})")
+                bundle, spec, request, cdi_actions = _checked(read or read_bundle(opts), opts)
+                made.bundle, made.annotations = bundle.path, spec.annotations
             with spans.span("cgroup"):
-                cgroup = _cgroup(spec, opts, sd, launcher)
+                made.cgroup = _cgroup(spec, opts, sd, launcher)
                 gofer.warm[0] = False
-                if not devices_enforced(cgroup.dirs.values() if cgroup else ()):
-                    # fail closed: without device rules a node in the image (or one made
-                    # with CAP_MKNOD) opens the host's device itself, a disk, /dev/kmsg
-                    raise SandboxError(NO_DEVICE_RULES)
-            hooks = spec.hooks.ours() if spec.hooks is not None else None
-            pause = hooks is not None and bool(hooks.prestart or hooks.create_runtime)
-            trace = opts.trace or _annotated_trace(spec.annotations.get(TRACE_ANNOTATION), opts)
-            spans.enabled = bool(trace)
-            protocol.send(sock, protocol.Start(
-                spec, bundle.rootfs, bundle.path, spans.enabled, overlay_root=request is not None or bool(cdi_actions),
-                scratch_size=opts.scratch_size, id=opts.cid, exec_fifo=sd.fifo, console_socket=opts.console_socket,
-                preserve_fds=opts.preserve_fds, hooks_pause=pause, launcher_fd=launcher.fd))
-            if request is not None:
-                _stream_plan(sock, request, bundle, opts, spans, cgroup)
-            for action in cdi_actions:  # our CDI hook's links and ld.so.cache, in our own root
-                protocol.send(sock, action)
-            if cgroup is not None:
-                with spans.span("device rules"):
-                    cgroup.seal()  # before End: the container's process runs only after it
-            protocol.send(sock, protocol.End())
+                _devices_enforced(made.cgroup)
+            made.hooks = spec.hooks.ours() if spec.hooks is not None else None
+            made.trace = opts.trace or _annotated_trace(spec.annotations.get(TRACE_ANNOTATION), opts)
+            _stream(gofer.sock, bundle, spec, request, cdi_actions, opts, sd, launcher, spans, made)
         except BrokenPipeError:
             pass  # the gofer failed first: its Error frame says why
         except (SandboxError, OSError) as e:
             error = e
-            sock.shutdown(socket.SHUT_WR)  # the gofer sees EOF before End and gives up
-        # Every frame until EOF: the socket is close-on-exec, so EOF means the container
-        # exec'd (run), its init waits for start (create: it closes its end after Ready),
-        # or the gofer is gone. An Error after Ready is an exec that failed.
-        t = time.monotonic_ns()
-        ready = failure = None
-        broken: list = []
-        while (msg := _recv(sock, broken)) is not None:
-            if isinstance(msg, (protocol.Paused, protocol.Ready)) and (ready is not None or init not in (None, msg.pid)):
-                # one init, one Ready: a frame naming another process is no gofer's
-                failure = failure or SandboxError("the gofer's frames name a second init")
-            elif isinstance(msg, protocol.Paused):
-                init = msg.pid
-                failure = failure or _runtime_hooks(hooks, opts, bundle.path, spec.annotations, msg.pid, sock)
-            elif isinstance(msg, protocol.Ready):
-                ready, init = msg, msg.pid
-                if failure is None and _hung_up(launcher.fd):
-                    failure = SandboxError("the launcher exited before the container was recorded")
-            else:
-                failure = failure or msg.error()
-        spans.add("wait for the init", t)
-        failure = error or failure
-        if failure is None and ready is None:
-            failure = _gofer_died(gofer.pid)
-            if broken and "exited with status 0" in str(failure):  # (no signal, no init's end to say)
-                failure = broken[0]
-        if failure is not None:
-            raise failure
-        assert ready is not None  # (failure is set whenever ready is not)
-        state = _state(opts, ready.pid, bundle, spec, hooks, cgroup)
+            gofer.sock.shutdown(socket.SHUT_WR)  # the gofer sees EOF before End and gives up
+        ready = _await(gofer, launcher, opts, spans, made, error)
+        state = _state(opts, ready.pid, bundle, spec, made.hooks, made.cgroup)
         # the gofer, and its builder, which was in the container's pid namespace (a zombie
         # there would hold pid 1's exit): gone before the container is recorded, as no
         # process can be exec'd into it until then to find the builder
         _reap_all(time.monotonic() + 5)
         move_back(launcher)  # (pid 1 forked: the container's cgroup is its processes' alone from here on)
-        if cgroup is not None and (limit := _pids_limit(spec.linux.resources)) is not None:
+        if made.cgroup is not None and (limit := _pids_limit(spec.linux.resources)) is not None:
             from mounts.spec import Pids, Resources
 
-            cgroup.limits(Resources(pids=Pids(limit=limit)))  # (only the container's processes are left)
+            made.cgroup.limits(Resources(pids=Pids(limit=limit)))  # (only the container's processes are left)
         sd.write(state)
-        return Launched(ready.pid, ready.spans, state, hooks, trace)
+        return Launched(ready.pid, ready.spans, state, made.hooks, made.trace)
     except BaseException:
-        sock.close()  # an init we do not know yet reads EOF and gives up
-        for pid in {init, gofer.pid} - {None}:
+        gofer.sock.close()  # an init we do not know yet reads EOF and gives up
+        for pid in {made.init, gofer.pid} - {None}:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         _reap_all(time.monotonic() + 5)
-        if cgroup is not None:
+        if made.cgroup is not None:
             move_back(launcher)  # (out of the cgroup it is to remove; a systemd scope's stop would kill it)
-            cgroup.remove()
+            made.cgroup.remove()
         sd.remove()
         raise
     finally:
         gofer.warm[0] = False
-        sock.close()
+        gofer.sock.close()
+
+
+class _Made:
+    """What a launch has made so far: what a failure removes (the cgroup, the init), and
+    what its end records (the hooks left to run, the trace)."""
+
+    init: int | None = None
+    cgroup = None
+    bundle = ""  # (its path, and the spec's annotations: a runtime hook's state has them)
+    annotations: dict[str, str] = {}
+    hooks = None
+    trace: str | None = None
+
+
+def _checked(read, opts: Options):
+    """read_bundle's (bundle, (spec, request, warnings)), checked for what a create needs:
+    (bundle, spec, request, the actions of our CDI spec's hooks, done natively)."""
+    from mounts.errors import BundleError
+
+    bundle, (spec, request, warnings) = read
+    if spec.process is None:
+        raise BundleError(f"{bundle.path}/config.json: process is missing: nothing to run")
+    for w in warnings:
+        from sandbox.messages import warn
+
+        warn(w)
+    cdi_actions = []  # our CDI spec's hooks (an engine's CDI injection): done natively
+    if spec.hooks is not None and (cdi_args := spec.hooks.cdi_args()):
+        from mounts.cdi import spec_hook_actions
+
+        cdi_actions = spec_hook_actions(cdi_args)
+    # (a foreground run's terminal is the launcher's)
+    if spec.process.terminal and not opts.foreground and not opts.console_socket:
+        raise BundleError(f"{bundle.path}/config.json: process.terminal is set: a detached "
+                          "container needs --console-socket to hand its terminal to")
+    if opts.console_socket and not (spec.process.terminal and not opts.foreground):
+        raise BundleError(f"--console-socket {opts.console_socket}: only for a detached container "
+                          f"with a terminal ({bundle.path}/config.json: process.terminal is "
+                          f"{str(spec.process.terminal).lower()})")
+    return bundle, spec, request, cdi_actions
+
+
+def _devices_enforced(cgroup) -> None:
+    """Fail closed: without device rules a node in the image (or one made with CAP_MKNOD)
+    opens the host's device itself, a disk, /dev/kmsg."""
+    from gofer.cgroups import devices_enforced
+    from mounts.errors import SandboxError
+
+    if not devices_enforced(cgroup.dirs.values() if cgroup else ()):
+        raise SandboxError(NO_DEVICE_RULES)
+
+
+def _stream(sock, bundle, spec, request, cdi_actions, opts: Options, sd, launcher: Launcher, spans, made: _Made) -> None:
+    """The gofer's frames: Start, the GPU plan, our CDI hook's actions, then End once the
+    device rules are sealed (the container's process runs only after it)."""
+    from gofer import protocol
+
+    pause = made.hooks is not None and bool(made.hooks.prestart or made.hooks.create_runtime)
+    spans.enabled = bool(made.trace)
+    protocol.send(sock, protocol.Start(
+        spec, bundle.rootfs, bundle.path, spans.enabled, overlay_root=request is not None or bool(cdi_actions),
+        scratch_size=opts.scratch_size, id=opts.cid, exec_fifo=sd.fifo, console_socket=opts.console_socket,
+        preserve_fds=opts.preserve_fds, hooks_pause=pause, launcher_fd=launcher.fd))
+    if request is not None:
+        _stream_plan(sock, request, bundle, opts, spans, made.cgroup)
+    for action in cdi_actions:  # our CDI hook's links and ld.so.cache, in our own root
+        protocol.send(sock, action)
+    if made.cgroup is not None:
+        with spans.span("device rules"):
+            made.cgroup.seal()
+    protocol.send(sock, protocol.End())
+
+
+def _await(gofer: Gofer, launcher: Launcher, opts: Options, spans, made: _Made, error):
+    """Every frame of the gofer's until EOF, the runtime-namespace hooks run when it pauses:
+    its Ready, or the error (``error``: ours, from before). The socket is close-on-exec, so
+    EOF means the container exec'd (run), its init waits for start (create: it closes its
+    end after Ready), or the gofer is gone. An Error after Ready is an exec that failed."""
+    from gofer import protocol
+    from mounts.errors import SandboxError
+
+    t = time.monotonic_ns()
+    ready = failure = None
+    broken: list = []
+    while (msg := _recv(gofer.sock, broken)) is not None:
+        if isinstance(msg, (protocol.Paused, protocol.Ready)) and (ready is not None or made.init not in (None, msg.pid)):
+            # one init, one Ready: a frame naming another process is no gofer's
+            failure = failure or SandboxError("the gofer's frames name a second init")
+        elif isinstance(msg, protocol.Paused):
+            made.init = msg.pid
+            failure = failure or _runtime_hooks(made.hooks, opts, made.bundle, made.annotations, msg.pid, gofer.sock)
+        elif isinstance(msg, protocol.Ready):
+            ready, made.init = msg, msg.pid
+            if failure is None and _hung_up(launcher.fd):
+                failure = SandboxError("the launcher exited before the container was recorded")
+        else:
+            failure = failure or msg.error()
+    spans.add("wait for the init", t)
+    failure = error or failure
+    if failure is None and ready is None:
+        failure = _gofer_died(gofer.pid)
+        if broken and "exited with status 0" in str(failure):  # (no signal, no init's end to say)
+            failure = broken[0]
+    if failure is not None:
+        raise failure
+    assert ready is not None  # (failure is set whenever ready is not)
+    return ready
 
 
 def _hung_up(fd: int) -> bool:

@@ -26,15 +26,18 @@ MARK = "from sandbox.cli import"  # what tells an older installation's hook entr
 
 
 def installed() -> str:
-    """The launcher of this installation, as hook entries name it: beside the interpreter
-    (scripts/setup and scripts/install write it there)."""
+    """The launcher of this installation, as hook entries and engines' configs name it:
+    beside the interpreter (a checkout's .venv/bin/sandbox), or where the link there leads
+    (an installation's PREFIX/bin/sandbox: scripts/install links venv/bin/sandbox to it)."""
     from mounts.errors import SandboxError
 
     path = os.path.join(os.path.dirname(sys.executable), "sandbox")
     if not os.access(path, os.X_OK):
         raise SandboxError(f"{path}: no `sandbox` launcher beside the interpreter (scripts/setup or scripts/install "
                            "writes it)")
-    return os.path.realpath(path)
+    if os.path.islink(path):
+        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+    return path
 
 
 def import_paths() -> list[str]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from mounts.errors import SandboxError
 
@@ -37,7 +36,9 @@ RUNC_MARK = "containerd's own, written by sandbox configure"  # (what --remove t
 
 def main(args) -> int:
     engine, path = args.engine, args.config_file or CONFIGS[args.engine]
-    exe = os.path.abspath(args.path or launcher())
+    from sandbox.executor.build import installed
+
+    exe = os.path.abspath(args.path or installed())
     try:
         with open(path) as f:
             old = f.read()
@@ -82,16 +83,6 @@ def _remove(engine: str, path: str, old: str | None, exe: str, name: str | None,
     write_atomically(path, new.encode(), f"sandbox configure {engine} --remove", mode)
     print(f"{path}: {engine} no longer has {', '.join(map(repr, removed))} ({exe}): {RESTART[engine].split(',')[0]}")
     return 0
-
-
-def launcher() -> str:
-    """The `sandbox` executable of this installation: beside our interpreter (a checkout's
-    .venv/bin) or in the prefix's bin (scripts/install)."""
-    here = os.path.dirname(sys.executable)
-    for candidate in (os.path.join(here, "sandbox"), os.path.join(here, "..", "..", "bin", "sandbox")):
-        if os.access(candidate, os.X_OK):
-            return os.path.normpath(candidate)
-    raise SandboxError("configure: cannot find the sandbox executable of this installation: give --path")
 
 
 def _docker(text: str, path: str, name: str, exe: str, default: bool) -> str:
