@@ -73,9 +73,7 @@ def serve(args, main) -> int:
     never sent stalled every verb for seconds): an untrusted peer is answered without a
     wait, whatever it has sent; a trusted one waits in a poll set until its request comes
     (then a child is forked for it) or REQUEST_TIMEOUT passes (then it is closed)."""
-    import select
     import signal
-    import time
 
     from gofer import seccomp
     from mounts.errors import SandboxError
@@ -116,81 +114,8 @@ def serve(args, main) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGCHLD, lambda *_: _reap())
-    listener.setblocking(False)
-    poll = select.poll()
-    poll.register(listener, select.POLLIN)
-    # Each signal also wakes the poll through this pipe: CPython runs a handler once the poll
-    # says EINTR, and one that comes while another's handler runs (SIGTERM during SIGCHLD's)
-    # would wait, unseen, in a poll re-entered from C (the server ignored such a SIGTERM)
-    wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake[1], warn_on_full_buffer=False)
-    poll.register(wake[0], select.POLLIN)
-    waiting: dict[int, tuple] = {}  # fd -> (connection, deadline), in the order they came
-    busy = time.monotonic()  # (idle: the last time a request or child was there)
-    leaving: float | None = None  # when our socket went
     try:
-        while True:
-            timeout = None
-            if waiting:
-                first = next(iter(waiting.values()))[1]
-                timeout = max(0, int((first - time.monotonic()) * 1000) + 1)
-            elif leaving is not None:
-                timeout = max(0, int((leaving + LINGER - time.monotonic()) * 1000) + 1)
-            elif idle and not _children:
-                timeout = max(0, int((busy + idle - time.monotonic()) * 1000) + 1)
-            events = poll.poll(timeout)
-            if _children or waiting:
-                busy = time.monotonic()
-            now = time.monotonic()
-            if not (events or waiting or _children) and (
-                    (leaving is not None and now >= leaving + LINGER) or (idle and leaving is None and now >= busy + idle)):
-                if leaving is not None:
-                    break  # (what came before the socket went, and while it lingered, is served)
-                # idle: the socket goes first, then those already queued on it are served
-                print(f"sandbox serve: idle {idle} s: leaving", file=sys.stderr, flush=True)
-                _unbind(path)
-                leaving = now
-                continue
-            for fd, _events in events:
-                if fd == listener.fileno():
-                    for conn in _accept_all(listener):
-                        if not trusted_peer(conn):
-                            decline(conn, "a hook server serves only root with CAP_SYS_ADMIN in its namespaces and root")
-                        elif _code_stamp(code) != stamp:
-                            decline(conn, "the server's code changed since it started (an upgrade): it leaves")
-                            _unbind(path)
-                            leaving = leaving or time.monotonic()
-                        elif len(waiting) >= MAX_WAITING:
-                            decline(conn, f"{MAX_WAITING} connections wait for their request")
-                        else:
-                            waiting[conn.fileno()] = (conn, time.monotonic() + REQUEST_TIMEOUT)
-                            poll.register(conn, select.POLLIN)
-                            continue
-                        conn.close()
-                elif fd in waiting:
-                    conn = waiting.pop(fd)[0]
-                    poll.unregister(fd)
-                    with conn:
-                        if _has_request(conn):
-                            inventories.receive(reports)  # (what children sent since: never waited for)
-                            _cap_log()
-                            _fork_child(conn, [listener, reports, *(c for c, _ in waiting.values())], wake, main)
-                            if lazy:  # (and their files, as they are now; the rest as they were at our start)
-                                _preload()
-                                extra = [f for f in _code_files() if f not in code]
-                                code, stamp, lazy = code + extra, stamp + _code_stamp(extra), False
-                elif fd == wake[0]:  # (emptied: the handlers themselves run between bytecodes)
-                    try:
-                        while os.read(wake[0], 256):
-                            pass
-                    except BlockingIOError:
-                        pass
-            now = time.monotonic()
-            while waiting and next(iter(waiting.values()))[1] <= now:  # (deadlines in order: one timeout)
-                fd, (conn, _) = next(iter(waiting.items()))
-                del waiting[fd]
-                poll.unregister(fd)
-                conn.close()
+        _Loop(listener, path, idle, reports, code, stamp, lazy, main).run()
         return 0
     except SandboxError as e:
         print(f"sandbox serve: {e}", file=sys.stderr)
@@ -206,6 +131,125 @@ def serve(args, main) -> int:
                 os.rmdir(os.path.dirname(seccomp.CACHE))  # (another server's may be there still)
             except OSError:
                 pass
+
+
+class _Loop:
+    """The accept loop: the listener, the connections whose request has not come yet (in
+    the order they came, each with its deadline), and when to leave (idle, or upgraded)."""
+
+    def __init__(self, listener, path: str, idle: int, reports, code: list[str], stamp, lazy: bool, main):
+        import select
+        import signal
+        import time
+
+        self.listener, self.path, self.idle, self.reports, self.main = listener, path, idle, reports, main
+        self.code, self.stamp, self.lazy = code, stamp, lazy
+        listener.setblocking(False)
+        self.poll = select.poll()
+        self.poll.register(listener, select.POLLIN)
+        # Each signal also wakes the poll through this pipe: CPython runs a handler once the
+        # poll says EINTR, and one that comes while another's handler runs (SIGTERM during
+        # SIGCHLD's) would wait, unseen, in a poll re-entered from C (the server ignored such
+        # a SIGTERM)
+        self.wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self.wake[1], warn_on_full_buffer=False)
+        self.poll.register(self.wake[0], select.POLLIN)
+        self.waiting: dict[int, tuple] = {}  # fd -> (connection, deadline), in the order they came
+        self.busy = time.monotonic()  # (idle: the last time a request or child was there)
+        self.leaving: float | None = None  # when our socket went
+
+    def run(self) -> None:
+        import time
+
+        while True:
+            events = self.poll.poll(self._timeout())
+            if _children or self.waiting:
+                self.busy = time.monotonic()
+            if not (events or self.waiting or _children) and self._done():
+                return
+            for fd, _events in events:
+                if fd == self.listener.fileno():
+                    self._accept()
+                elif fd in self.waiting:
+                    self._take(fd)
+                elif fd == self.wake[0]:  # (emptied: the handlers themselves run between bytecodes)
+                    try:
+                        while os.read(self.wake[0], 256):
+                            pass
+                    except BlockingIOError:
+                        pass
+            now = time.monotonic()
+            while self.waiting and next(iter(self.waiting.values()))[1] <= now:  # (deadlines in order: one timeout)
+                fd, (conn, _) = next(iter(self.waiting.items()))
+                del self.waiting[fd]
+                self.poll.unregister(fd)
+                conn.close()
+
+    def _timeout(self) -> int | None:
+        """The poll's: to the first deadline, the linger's end, or idle's (ms)."""
+        import time
+
+        if self.waiting:
+            end = next(iter(self.waiting.values()))[1]
+        elif self.leaving is not None:
+            end = self.leaving + LINGER
+        elif self.idle and not _children:
+            end = self.busy + self.idle
+        else:
+            return None
+        return max(0, int((end - time.monotonic()) * 1000) + 1)
+
+    def _done(self) -> bool:
+        """Nothing there: whether to leave (the linger over); idle, the socket goes first, and
+        those already queued on it are served."""
+        import time
+
+        now = time.monotonic()
+        if self.leaving is not None:
+            return now >= self.leaving + LINGER  # (what came before the socket went, and while it lingered, is served)
+        if self.idle and now >= self.busy + self.idle:
+            print(f"sandbox serve: idle {self.idle} s: leaving", file=sys.stderr, flush=True)
+            _unbind(self.path)
+            self.leaving = now
+        return False
+
+    def _accept(self) -> None:
+        """Every connection queued: declined at once, or waiting for its request."""
+        import select
+        import time
+
+        for conn in _accept_all(self.listener):
+            if not trusted_peer(conn):
+                decline(conn, "a hook server serves only root with CAP_SYS_ADMIN in its namespaces and root")
+            elif _code_stamp(self.code) != self.stamp:
+                decline(conn, "the server's code changed since it started (an upgrade): it leaves")
+                _unbind(self.path)
+                self.leaving = self.leaving or time.monotonic()
+            elif len(self.waiting) >= MAX_WAITING:
+                decline(conn, f"{MAX_WAITING} connections wait for their request")
+            else:
+                self.waiting[conn.fileno()] = (conn, time.monotonic() + REQUEST_TIMEOUT)
+                self.poll.register(conn, select.POLLIN)
+                continue
+            conn.close()
+
+    def _take(self, fd: int) -> None:
+        """The request waiting on ``fd``: a child for it (none for a peer that left)."""
+        from mounts import inventories
+
+        conn = self.waiting.pop(fd)[0]
+        self.poll.unregister(fd)
+        with conn:
+            if not _has_request(conn):
+                return
+            inventories.receive(self.reports)  # (what children sent since: never waited for)
+            _cap_log()
+            _fork_child(conn, [self.listener, self.reports, *(c for c, _ in self.waiting.values())], self.wake,
+                        self.main)
+            if self.lazy:  # (and their files, as they are now; the rest as they were at our start)
+                _preload()
+                extra = [f for f in _code_files() if f not in self.code]
+                self.code, self.stamp, self.lazy = self.code + extra, self.stamp + _code_stamp(extra), False
 
 
 def _unbind(path: str) -> None:
