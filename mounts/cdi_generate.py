@@ -42,7 +42,7 @@ def generate(inventory, hook: list[str], hook_env: list[str]) -> CdiSpec:
     createRuntime hook of ours (``hook`` + its --link and --cache-entry arguments) that
     makes the links and the container's ld.so.cache, for all of them (sandbox/verbs/cdi.py)."""
     from mounts import actions as A
-    from mounts.driver import dri_link
+    from mounts.driver_nodes import dri_link
     from mounts.plan import iter_plan
     from mounts.request import CAPABILITIES, GpuRequest
 

@@ -23,7 +23,8 @@ from typing import Any
 import msgspec
 
 from mounts import reads
-from mounts.driver import Inventory, discover
+from mounts.driver import discover
+from mounts.driver_facts import Inventory
 
 Key = tuple[str, str, str, str]  # driver root, device root, search path, PATH ("" for none)
 

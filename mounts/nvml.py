@@ -16,7 +16,7 @@ import re
 import select
 import signal
 
-from mounts.driver import Inventory
+from mounts.driver_facts import Inventory
 from mounts.errors import RequestError
 from mounts.ldcache import FLAG_REQUIRED_MASK
 

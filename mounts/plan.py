@@ -26,7 +26,8 @@ from mounts.catalog import (
     IPC,
     LIBRARIES,
 )
-from mounts.driver import IMEX_DIR, POINT_AT_DRIVER, DriverLib, Gpu, Inventory, Mig, dri_link
+from mounts.driver_facts import POINT_AT_DRIVER, DriverLib, Gpu, Inventory, Mig
+from mounts.driver_nodes import IMEX_DIR, dri_link
 from mounts.errors import DriverError, ElfError, RequestError
 from mounts.layout import CUDA_COMPAT, Layout
 from mounts.ldcache import FLAG_REQUIRED_MASK, Entry

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from mounts.driver import Gpu, Inventory, Mig
+from mounts.driver_facts import Gpu, Inventory, Mig
 from mounts.errors import RequestError
 from mounts.request import GpuRequest
 

@@ -5,7 +5,8 @@ import fixtures
 import pytest
 
 from mounts.catalog import EGL_PLATFORM_LIBS
-from mounts.driver import cuda_version, discover
+from mounts.driver import discover
+from mounts.driver_facts import cuda_version
 from mounts.errors import DriverError
 
 

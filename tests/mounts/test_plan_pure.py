@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from mounts import actions as A
-from mounts.driver import DeviceNode, DriverLib, Gpu, Inventory, Mig
+from mounts.driver_facts import DeviceNode, DriverLib, Gpu, Inventory, Mig
 from mounts.errors import DriverError, ElfError, RequestError
 from mounts.layout import Layout
 from mounts.ldcache import FLAGS_I386, FLAGS_X86_64
