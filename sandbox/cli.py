@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
             stderr_line(f"sandbox hook: the container's state is read on stdin, not from a terminal: {HOW}")
             return 2
     flags._ARGV[:] = argv
-    args = flags.hook_args(argv) or flags.lean_args(argv) or flags.parser().parse_args(argv)
+    args = flags.hook_args(argv) or flags.cdi_hook_args(argv) or flags.lean_args(argv) or flags.parser().parse_args(argv)
     from mounts.errors import SandboxError
 
     try:

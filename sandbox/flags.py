@@ -306,8 +306,8 @@ def hook_args(argv: list[str]):
 
 
 def cdi_hook_args(argv: list[str]):
-    """`cdi hook` as our CDI spec writes it (CDI_HOOK), read without argparse, for the warm
-    server; anything else is None."""
+    """`cdi hook` as our CDI spec writes it (CDI_HOOK), read without argparse (a served hook's
+    child, or our Python's); anything else is None."""
     import types
 
     ns = _options(argv[2:], CDI_HOOK) if argv[:2] == ["cdi", "hook"] else None

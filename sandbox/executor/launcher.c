@@ -109,15 +109,35 @@ static const char *server_path(void) {
 
 /* Whether argv[at] is an OCI hook's call (`hook ...` as `hook install` writes it, or our CDI
  * spec's `cdi hook ...`), which the server runs as a verb, the container's state on the
- * stdin passed to it. Not `hook install` or `hook serve`. A hook's --server names the socket. */
+ * stdin passed to it. Not `hook install` or `hook serve`, nor a hook that writes its own
+ * trace (--trace: the server declines it). A hook's --server names the socket, unless
+ * SANDBOX_SERVER= (empty) says none. */
 static int hook_call(int argc, char **argv, int at) {
     int cdi = !strcmp(argv[at], "cdi") && at + 1 < argc && !strcmp(argv[at + 1], "hook");
+    const char *env = getenv("SANDBOX_SERVER");
     if (strcmp(argv[at], "hook") && !cdi) return 0;
     for (int i = at + 1; i < argc; i++) {
         if (!cdi && (!strcmp(argv[i], "install") || !strcmp(argv[i], "serve"))) return 0;
-        if (!strcmp(argv[i], "--server") && i + 1 < argc) socket_path = argv[i + 1];
+        if (!strncmp(argv[i], "--trace", 7) && (argv[i][7] == '\0' || argv[i][7] == '=')) return 0;
+        if (!strcmp(argv[i], "--server") && i + 1 < argc && !(env && !*env)) socket_path = argv[i + 1];
     }
     return 1;
+}
+
+/* An older installation's hook entry, run through the `sandbox-hook` link to this program
+ * (its C client's name, which CDI specs and bundles written then still name): "sandbox-hook
+ * PYTHON -I -S -c CODE hook ..." or "... cdi hook ...". Its argv, from the verb on, in place
+ * of ours (argv[0] kept); where it is not such an entry, argv as it is. */
+static char **older_entry(int *argc, char **argv) {
+    const char *name = strrchr(argv[0], '/');
+    if (strcmp(name ? name + 1 : argv[0], "sandbox-hook")) return argv;
+    for (int i = 1; i + 2 < *argc; i++)
+        if (!strcmp(argv[i], "-c") && (!strcmp(argv[i + 2], "hook") || !strcmp(argv[i + 2], "cdi"))) {
+            argv[i + 1] = argv[0];
+            *argc -= i + 1;
+            return argv + i + 1;
+        }
+    return argv;
 }
 
 /* No server to plan exec, create or run: a planner of our own, this program's `serve --once`
@@ -411,6 +431,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "sandbox: a closed stdin, stdout or stderr, and no /dev/null to open in its place\n");
         return 1;
     }
+    argv = older_entry(&argc, argv);
     int at = verb_at(argc, argv);
     const char *verb = at ? argv[at] : NULL;
     if (verb && (listed(served_verbs, verb) || hook_call(argc, argv, at))) {

@@ -84,7 +84,8 @@ def handle(conn, main) -> int:
 
 
 def _run_verb(conn, request: dict, fds: list[int], main) -> int:
-    """A verb of SERVED, as the launcher would have run it: its stdio, cwd, umask, environment."""
+    """A verb of SERVED or a hook's call (or exec, create, run: planned for the launcher), as
+    the launcher would have run it: its stdio, cwd, umask, environment."""
     import signal
     import time
 
@@ -96,7 +97,7 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     at = flags.verb_index(argv) if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
     verb = argv[at] if at is not None else None
     hook = at is not None and _hook_call(argv[at:])
-    if hook and "--trace" in argv:
+    if hook and any(a == "--trace" or a.startswith("--trace=") for a in argv):
         decline(conn, "a hook's trace is the hook's own to write", read=False)
         return 0
     if not ((verb in SERVED or verb in ("exec", "create", "run") or hook) and isinstance(cwd, str) and isinstance(umask, int)

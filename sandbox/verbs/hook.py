@@ -28,7 +28,7 @@ HOOK_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
 
 def hook_env() -> list[str]:
     """A hook entry's environment: PATH, and the installer's $SANDBOX_SERVER_IDLE where set
-    (how long a server the hook's client starts stays idle; 0: none is started)."""
+    (how long a server the launcher starts for a hook stays idle; 0: none is started)."""
     idle = os.environ.get("SANDBOX_SERVER_IDLE")
     return HOOK_ENV + ([f"SANDBOX_SERVER_IDLE={idle}"] if idle is not None else [])
 

@@ -195,3 +195,26 @@ def test_a_relative_driver_root_is_the_clients(server, make_bundle, driver_root)
                        capture_output=True, text=True, cwd=driver_root.parent, timeout=30)
     assert r.returncode == 1 and "shares our mount namespace" in r.stderr, r.stderr
     assert len(_served(log)) == 1, log.read_text()
+
+
+def test_an_older_installations_entry_is_served(server, make_bundle, driver_root, tmp_path):
+    """A hook entry an older installation wrote (its C client `sandbox-hook` in front of our
+    Python's -c program; CDI specs and bundles still name it): the launcher, through that
+    name, takes its command line from the verb on, and the server serves it."""
+    from sandbox.executor.build import entry_code
+
+    path, log, _ = server
+    bundle = make_bundle(["sh", "-c", SCRIPT], ["NVIDIA_VISIBLE_DEVICES=all"])
+    config = bundle / "config.json"
+    spec = json.loads(config.read_text())
+    client = Path(CLI[0]).parent / "sandbox-hook"
+    assert os.readlink(client) == "sandbox"  # (scripts/setup links it)
+    python = str(Path(CLI[0]).parent / "python")
+    spec["hooks"] = {"createRuntime": [{"path": str(client), "args": [
+        "sandbox-hook", python, "-I", "-S", "-c", entry_code(), "hook", "--driver-root", str(driver_root),
+        "--server", str(path)], "env": ["PATH=/usr/bin:/bin"]}]}
+    config.write_text(json.dumps(spec))
+    r = runc(bundle, tmp_path / "state", "o1")
+    assert r.returncode == 0, r.stderr
+    check_gpu_output(r.stdout + r.stderr)
+    assert len(_served(log)) == 1 and "sandbox serve: hook: hook --driver-root" in _served(log)[0], log.read_text()

@@ -34,6 +34,7 @@ def test_an_install_runs_bundles_and_names_no_checkout_path(tmp_path, make_bundl
     hook = json.loads((bundle / "config.json").read_text())["hooks"]["createRuntime"][0]
     assert hook["path"] == str(sandbox) and hook["args"][:2] == ["sandbox", "hook"], hook
     assert os.readlink(prefix / "venv/bin/sandbox") == "../../bin/sandbox"
+    assert os.readlink(prefix / "venv/bin/sandbox-hook") == "sandbox"  # (an older install's entries name it)
     assert (etc / "config.toml.example").is_file()
     units = prefix / "lib/systemd/system"
     assert sorted(p.name for p in units.iterdir()) == ["gpu-sandbox.service", "gpu-sandbox.socket"]
