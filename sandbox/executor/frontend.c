@@ -302,15 +302,6 @@ int frontend_exec(int s, const char *buf, size_t n, int *fds, int nfds, char **a
 static void init_process(int chan) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     report_fd = chan, report_waits = 1;
-    /* our root and cwd the mount namespace's root, as the builder's are once it has joined it
-     * (setns resets them): a chrooted launcher's root would not be the one its pivot_root
-     * takes along. Best effort (it takes CAP_SYS_CHROOT): the root check below refuses a root
-     * that was not taken along. */
-    int mnt = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
-    if (mnt >= 0) {
-        if (setns(mnt, CLONE_NEWNS) < 0) {}
-        close(mnt);
-    }
     char *buf = malloc(MAX_REQUEST + 1);
     int fds[MAX_FDS], nfds = 0;
     ssize_t r = buf != NULL ? recv_plan(chan, buf, MAX_REQUEST, fds, &nfds, 0) : -1;
@@ -349,6 +340,20 @@ static int write_map(pid_t pid, const char *name, const char *field, const char 
     shown[o] = '\0';
     snprintf(report, n, "err 1 %s: %s: cannot write '%s': %s\n", field, path, shown, strerror(e));
     return -1;
+}
+
+/* Our root and cwd the new mount namespace's root, as the builder's are once it has joined
+ * it (setns resets them), before pid 1 is forked (it inherits them; done in pid 1, it raced
+ * the builder's pivot_root under load: a root looked up just before the pivot, set just
+ * after it, was the host's). A chrooted launcher's root is not the one the pivot_root takes
+ * along. Best effort (it takes CAP_SYS_CHROOT): pid 1's root check refuses a root that was
+ * not taken along. */
+static void own_mount_root(void) {
+    int mnt = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    if (mnt >= 0) {
+        if (setns(mnt, CLONE_NEWNS) < 0) {}
+        close(mnt);
+    }
 }
 
 /* create with a user namespace (runc's nsexec order; gofer/userns.py's in Python): a child Y
@@ -392,6 +397,7 @@ static pid_t userns_init(struct plan *pl, int *chan, char **argv, char *report, 
         prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* (the change of credentials made us dumpable) */
         if (unshare(pl->unshare & ~CLONE_NEWUSER) < 0)
             fail(1, "linux.namespaces: cannot create the container's namespaces: %s", strerror(errno));
+        own_mount_root();
         if (chdir("/") < 0) fail(1, "chdir /: %s", strerror(errno));
         pid_t init = fork();
         if (init < 0) fail(1, "fork: %s", strerror(errno));
@@ -483,6 +489,7 @@ int frontend_create(int s, const char *buf, size_t n, int *fds, int nfds, char *
                  strerror(errno));
     /* "/" of the new mount namespace: pivot_root moves a cwd there into the container's root,
      * where our caller's (a host directory) would stay reachable through pid 1's cwd */
+    if (!userns && !report[0] && (pl.unshare & CLONE_NEWNS)) own_mount_root();
     if (!userns && !report[0] && chdir("/") < 0)
         snprintf(report, sizeof report, "err 1 chdir /: %s\n", strerror(errno));
     if (!userns && !report[0] && socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, chan) < 0)
