@@ -2,7 +2,7 @@
 
 import pytest
 
-from sandbox.flags import lean_args, parser
+from sandbox.flags import VERBS, lean_args, parser
 
 SAME = [
     ["start", "c1"], ["--root", "/r", "state", "c1"], ["kill", "c1"], ["kill", "--all", "c1", "KILL"],
@@ -171,3 +171,39 @@ def test_every_verb_is_read_from_the_table():
     for ns in [*(parser().parse_args(a) for a in lines), flags.hook_args(["hook", "--driver-root", "/d"]),
                flags.cdi_hook_args(["cdi", "hook", "--link", "a::b"]), lean_args(["state", "c1"])]:
         assert tops <= set(vars(ns)), vars(ns)
+
+
+# Which verbs' namespaces each module reads (its functions' ``args``); config.py's resolve()
+# adds max_capabilities to every namespace, and run's container_id (from its target).
+READERS = {"sandbox/verbs/state.py": ("list", "state", "kill", "ps"), "sandbox/launch.py": ("create", "run"),
+           "sandbox/executor/create_plan.py": ("create", "run"), "sandbox/server/listen.py": ("serve", "hook"),
+           "sandbox/config.py": tuple(VERBS)}
+
+
+def test_each_verb_reads_only_what_its_table_gives():
+    """The table is the options' type: every ``args.NAME`` a verb's code reads is a flag or a
+    positional of that verb (or a global), so a misspelt or missing option fails here, not at a
+    user's (options are not msgspec Structs: msgspec costs ~21 ms to import, and the verbs an
+    engine runs cold, state, start, kill, delete, import none of it)."""
+    import ast
+    import pathlib
+
+    from sandbox import flags
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    readers = {f"sandbox/verbs/{p.stem}.py": (p.stem,) for p in (root / "sandbox/verbs").glob("*.py")
+               if p.stem in flags.VERBS} | READERS
+    assert len(readers) == 17, sorted(readers)
+    for path, verbs in readers.items():
+        given = {"verb", "max_capabilities"} | {dest for _n, dest, *_ in flags.TOP}
+        for verb in verbs:
+            given |= {dest for _n, dest, *_ in flags.VERB_FLAGS[verb]}
+            given |= {row[0] for row in flags.POSITIONALS.get(verb, (flags.ID,))}
+            given |= {"container_id"} if verb == "run" else set()
+        read = set()
+        for fn in ast.walk(ast.parse((root / path).read_text())):
+            if isinstance(fn, ast.FunctionDef) and "args" in [a.arg for a in fn.args.args]:
+                read |= {node.attr for node in ast.walk(fn) if isinstance(node, ast.Attribute)
+                         and isinstance(node.value, ast.Name) and node.value.id == "args"}
+        assert read or verbs == ("features",), path  # (features reads no option)
+        assert read <= given, (path, read - given)
