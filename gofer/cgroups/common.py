@@ -23,18 +23,20 @@ def unified(root: str = ROOT) -> bool:
     return os.path.exists(os.path.join(root, "cgroup.controllers"))
 
 
-def own_cgroups(pid: int | str = "self") -> dict[str, str]:
+def own_cgroups(pid: int | str = "self", only: str | None = None) -> dict[str, str]:
     """{hierarchy: path} of ``pid``'s v1 cgroups, by the directory each hierarchy is mounted
-    at under ROOT: its controller, or its name (name=systemd at systemd). The container gets
-    a cgroup of its own in every one, named ones included, as under runc: the container is
-    shown only its own (gofer/rootfs.py), never the caller's or a hierarchy's root."""
+    at under ROOT: its controller, or its name (name=systemd at systemd); ``only``: that one
+    alone (the others' mounts are not looked at). The container gets a cgroup of its own in
+    every one, named ones included, as under runc: the container is shown only its own
+    (gofer/rootfs.py), never the caller's or a hierarchy's root."""
     out = {}
     with open(f"/proc/{pid}/cgroup") as f:
         for line in f:
             _, controllers, path = line.rstrip("\n").split(":", 2)
             for c in controllers.split(","):
                 name = c.removeprefix("name=")
-                if name and os.path.ismount(os.path.realpath(os.path.join(ROOT, name))):  # cpu -> cpu,cpuacct
+                if name and only in (None, name) and os.path.ismount(os.path.realpath(os.path.join(ROOT, name))):
+                    # (realpath: cpu -> cpu,cpuacct)
                     out[name] = path
     return out
 

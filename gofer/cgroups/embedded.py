@@ -21,7 +21,7 @@ def allow_devices(pid: int, nodes: list[tuple[int, int]]):
     rules = [Rule(True, "c", major, minor) for major, minor in nodes]
     if unified():
         return _allow_v2(os.path.join(ROOT, own_unified(pid).lstrip("/")), rules)
-    path = own_cgroups(pid).get("devices")
+    path = own_cgroups(pid, only="devices").get("devices")
     if path is None:
         return None
     directory = os.path.join(ROOT, "devices", path.lstrip("/"))

@@ -69,12 +69,11 @@ def hook(args, state_json: bytes | None = None) -> int:
     from mounts.bundle import load_bundle
     from mounts.cdi import hook_actions
     from sandbox.api import apply_plan
-    from sandbox.verbs.hook import ContainerState
+    from sandbox.verbs.hook import STATE
 
     os.chdir("/")
     try:
-        state = msgspec.json.decode(sys.stdin.buffer.read() if state_json is None else state_json,
-                                    type=ContainerState)
+        state = STATE.decode(sys.stdin.buffer.read() if state_json is None else state_json)
     except msgspec.DecodeError as e:
         raise BundleError(f"container state on stdin: {e}") from None
     actions = hook_actions(args.link, args.file, args.cache_entry)

@@ -45,6 +45,9 @@ class ContainerState(msgspec.Struct):
     status: str = ""
 
 
+STATE = msgspec.json.Decoder(ContainerState)  # (built once: the warm server's children inherit it)
+
+
 def main(args) -> int:
     if args.action == "install":
         return install(args)
@@ -67,7 +70,7 @@ def run_hook(args, state_json: bytes) -> int:
     if not state_json.strip():
         raise BundleError(f"container state on stdin: empty ({HOW})")
     try:
-        state = msgspec.json.decode(state_json, type=ContainerState)
+        state = STATE.decode(state_json)
     except msgspec.DecodeError as e:
         raise BundleError(f"container state on stdin: {e}") from None
     bundle = load_bundle(state.bundle)
