@@ -215,6 +215,22 @@ def clone_bind_sources(spec: Spec, bundle: str, shared_only: bool = False) -> di
     return fds
 
 
+def _in_order(tree: int, flags: int) -> int:
+    """A clone, made now, of the detached ``tree`` cloned earlier (clone_bind_sources), which
+    it replaces: newer kernels (this VM's 6.18) list mounts in the order they were made, and
+    the spec's mounts must read in the spec's order (runtime-tools' mounts test), so a bind
+    is made at its turn. A clone keeps the peer group (a Bidirectional bind stays one) and
+    the locks (a user namespace's). Where the kernel clones no detached tree, the earlier
+    clone itself (older kernels list mounts in the order they were attached)."""
+    rec = sc.AT_RECURSIVE if flags & sc.MS_REC else 0
+    try:
+        fresh = sc.open_tree(tree, "", sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_EMPTY_PATH | rec)
+    except OSError:
+        return tree
+    os.close(tree)
+    return fresh
+
+
 def _open_source(m: Mount, bundle: str) -> int:
     source = m.source or ""
     if not os.path.isabs(source):
@@ -246,7 +262,7 @@ def spec_mounts(root: Root, spec: Spec, bundle: str, sources: dict[int, int] | N
             _not_into_proc(root, m, proc_dev)
         if _is_bind(m):
             detached = i in sources
-            src = sources.pop(i) if detached else _open_source(m, bundle)
+            src = _in_order(sources.pop(i), flags) if detached else _open_source(m, bundle)
             try:
                 is_dir = stat.S_ISDIR(os.fstat(src).st_mode)
                 root.bind(src, m.destination, bind_flags(flags), recursive=bool(flags & sc.MS_REC), is_dir=is_dir,

@@ -92,3 +92,34 @@ def test_bidirectional_volume(gpu, make_bundle, tmp_path, driver_root):
     # the container's mount, seen here; the host's, seen there; its unmount, gone here too
     assert r.stdout.split() == ["from-container", "1", "from-host", "0", "0"], (r.stdout, r.stderr)
     assert mount_table() == before
+
+
+@pytest.mark.parametrize("userns", [False, True])
+def test_a_shared_bind_reads_in_the_specs_order(userns, make_bundle, tmp_path):
+    """A Bidirectional bind's source is cloned before the root is made (to stay a peer of
+    the host's mount; in a user namespace every bind's is), but the container's mountinfo
+    lists the spec's mounts in the spec's order all the same (runtime-tools' mounts test:
+    newer kernels list mounts as they were made), /proc first, the shared bind between the
+    tmpfs before and after it."""
+    top = tmp_path / "shared"
+    top.mkdir()
+    bundle = make_bundle(["sh", "-c", "awk '{print $5}' /proc/self/mountinfo"])
+    spec = json.loads((bundle / "config.json").read_text())
+    if userns:
+        spec["linux"]["namespaces"].append({"type": "user"})
+        spec["linux"].update({k: [{"containerID": 0, "hostID": 100000, "size": 65536}]
+                              for k in ("uidMappings", "gidMappings")})
+    spec["mounts"] += [{"destination": "/before", "type": "tmpfs", "source": "tmpfs"},
+                       {"destination": "/vol", "type": "bind", "source": str(top), "options": ["rbind", "rshared"]},
+                       {"destination": "/after", "type": "tmpfs", "source": "tmpfs"}]
+    (bundle / "config.json").write_text(json.dumps(spec))
+    script = (f"mount -t tmpfs tmpfs {top} && mount --make-shared {top} && "
+              f"{CLI[0]} --root {tmp_path}/s run {bundle}")
+    before = mount_table()
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    points = r.stdout.split()
+    wanted = [m["destination"] for m in spec["mounts"]]
+    assert [p for p in points if p in wanted] == wanted, points
+    assert mount_table() == before
