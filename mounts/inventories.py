@@ -72,15 +72,17 @@ def _report(sock: socket.socket, kept: Kept) -> None:
             pass  # (a server gone, or busy: the next child reports it again)
 
 
-def receive(sock: socket.socket) -> None:
-    """In the server: keep what its children sent (every message waiting, none waited for)."""
+def receive(sock: socket.socket) -> bool:
+    """In the server: keep what its children sent (every message waiting, none waited for);
+    whether anything was."""
+    got = False
     while True:
         try:
             data = sock.recv(MAX_MESSAGE, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
-            return
+            return got
         if not data:
-            return
+            return got
         try:
             kept = msgspec.msgpack.decode(data, type=Kept)
         except (msgspec.DecodeError, ValueError):  # (never a reason for the server to stop)
@@ -90,6 +92,7 @@ def receive(sock: socket.socket) -> None:
         if ("stat", kept.key[0]) not in answers.answers:  # (a discovery notes its root first: else no report of ours)
             continue
         _keep(tuple(kept.key), kept.inventory, answers)  # type: ignore[arg-type]
+        got = True
 
 
 MAX_KEPT = 16  # driver roots (and PATHs) kept at once: the oldest goes first

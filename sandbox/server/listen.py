@@ -1,6 +1,7 @@
 """The warm server (`sandbox serve`, or `sandbox hook serve`): a resident process that has
-imported everything once and forks a child per request, for OCI hooks and for the verbs
-that start no process (SERVED); and the planner of exec, create and run.
+imported everything once and has a child per request (forked ahead of it: the spare), for
+OCI hooks and for the verbs that start no process (SERVED); and the planner of exec, create
+and run.
 
 A hook is a new Python process per container: its interpreter and imports (msgspec, the
 plan, the ELF reader) are ~20 ms of the ~25 it adds to `runc run`, its work ~5. The hook
@@ -20,7 +21,7 @@ the `sandbox` launcher itself (sandbox/executor/launcher.c), never from Python:
 
     launcher (the verb's process)          server                   child
     {"verb": argv, "cwd", "umask", "env"}
-      + SCM_RIGHTS stdin, stdout, stderr -> accept, trusted peer? -> fork: those fds as
+      + SCM_RIGHTS stdin, stdout, stderr -> accept, trusted peer? -> spare: those fds as
                                                                      0, 1, 2, that cwd, umask
                     <------------------------------------------      {"running"}
                                                                      and environment; cli.main
@@ -59,9 +60,14 @@ from sandbox.server.cache import filter_cache
 from sandbox.server.requests import decline, handle
 from sandbox.server.trust import root_only_dir, trusted_peer
 
+TYPE_CHECKING = False  # typing's flag without importing typing; mypy reads it as True
+if TYPE_CHECKING:
+    import socket
+
 MAX_CHILDREN = 64  # hooks and verbs served at once; more are told to do the work themselves
 MAX_WAITING = 256  # connections whose request has not come yet; more are told so too
 REQUEST_TIMEOUT = 2.0  # s for a client to send its request (ours send it right after connect)
+SPARE = "sandbox-spare"  # a spare child's name (ps, /proc/PID/comm) until it is handed a request
 LINGER = 0.2  # s a leaving server still accepts, its socket gone: a client that found it just before is served
 
 
@@ -114,13 +120,17 @@ def serve(args, main) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGCHLD, lambda *_: _reap())
+    loop = None
     try:
-        _Loop(listener, path, idle, reports, code, stamp, lazy, main).run()
+        loop = _Loop(listener, path, idle, reports, code, stamp, lazy, main)
+        loop.run()
         return 0
     except SandboxError as e:
         print(f"sandbox serve: {e}", file=sys.stderr)
         return 1
     finally:
+        if loop is not None:
+            loop.close()
         _unbind(path)  # (before the listener closes: no client may find a socket nobody answers)
         listener.close()
         if idle and seccomp.CACHE:
@@ -154,9 +164,13 @@ class _Loop:
         self.wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake[1], warn_on_full_buffer=False)
         self.poll.register(self.wake[0], select.POLLIN)
+        self.poll.register(reports, select.POLLIN)
         self.waiting: dict[int, tuple] = {}  # fd -> (connection, deadline), in the order they came
         self.busy = time.monotonic()  # (idle: the last time a request or child was there)
         self.leaving: float | None = None  # when our socket went
+        self.spare: tuple[int, socket.socket] | None = None  # (pid, our end of its socketpair): see _respawn
+        if not lazy:
+            self._respawn()
 
     def run(self) -> None:
         import time
@@ -172,6 +186,11 @@ class _Loop:
                     self._accept()
                 elif fd in self.waiting:
                     self._take(fd)
+                elif fd == self.reports.fileno():
+                    from mounts import inventories
+
+                    if inventories.receive(self.reports):  # (a spare forked before lacks it)
+                        self._respawn()
                 elif fd == self.wake[0]:  # (emptied: the handlers themselves run between bytecodes)
                     try:
                         while os.read(self.wake[0], 256):
@@ -242,14 +261,75 @@ class _Loop:
         with conn:
             if not _has_request(conn):
                 return
-            inventories.receive(self.reports)  # (what children sent since: never waited for)
+            if inventories.receive(self.reports):  # (what children sent since, the spare forked before it)
+                self._respawn(fork=False)
             _cap_log()
-            _fork_child(conn, [self.listener, self.reports, *(c for c, _ in self.waiting.values())], self.wake,
-                        self.main)
+            if len(_children) >= MAX_CHILDREN:  # never a wait here: slow clients holding every child must
+                decline(conn, f"{MAX_CHILDREN} hooks are being served")  # not stop the others
+            elif not self._hand_over(conn):
+                _fork_child(self._others(), self.wake, self.main, conn=conn)
             if self.lazy:  # (and their files, as they are now; the rest as they were at our start)
                 _preload()
                 extra = [f for f in _code_files() if f not in self.code]
                 self.code, self.stamp, self.lazy = self.code + extra, self.stamp + _code_stamp(extra), False
+        if self.spare is None:
+            self._respawn()
+
+    def _others(self) -> list:
+        """What a child closes: the listener, the reports' end, the connections still waiting,
+        the spare's socketpair."""
+        return [self.listener, self.reports, *(c for c, _ in self.waiting.values()),
+                *([self.spare[1]] if self.spare else [])]
+
+    def close(self) -> None:
+        """The spare leaves with us (waited for: nothing of ours stays behind)."""
+        if self.spare is not None:
+            pid = self.spare[0]
+            self._respawn(fork=False)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass  # (reaped already)
+
+    def _respawn(self, fork: bool = True) -> None:
+        """A new spare (the old one, if any, leaves): a child forked ahead of the next request,
+        which waits for its connection on a socketpair of its own (a fork is ~1.7 ms of a
+        served verb here, off its path so). Forked after the preload and after each new
+        inventory the children reported, it starts with what a child forked then would."""
+        import socket
+
+        if self.spare is not None:
+            self.spare[1].close()  # (its EOF: it leaves)
+            self.spare = None
+        if fork and not self.lazy:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            pid = _fork_child([*self._others(), ours], self.wake, self.main, hand=theirs)
+            theirs.close()
+            self.spare = (pid, ours) if pid else None
+            if not pid:
+                ours.close()
+
+    def _hand_over(self, conn) -> bool:
+        """Give ``conn`` to the spare; False where there is none, or it died (then fork)."""
+        import signal
+        import socket
+
+        if self.spare is None:
+            return False
+        pid, hand = self.spare
+        self.spare = None
+        # SIGCHLD held until the child is counted (see _fork_child); a spare that died
+        # closed its end: the send fails, never counted
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        try:
+            socket.send_fds(hand, [b"c"], [conn.fileno()])
+            _children.add(pid)
+            return True
+        except OSError:
+            return False
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+            hand.close()
 
 
 def _unbind(path: str) -> None:
@@ -329,22 +409,26 @@ def _has_request(conn) -> bool:
         return False
 
 
-def _fork_child(conn, others: list, wake: tuple[int, int], main) -> None:
-    """A child for the request waiting on ``conn`` (trusted), or a decline where MAX_CHILDREN
-    are at work: never a wait here, slow clients holding every child must not stop the
-    others (the hook does its own work, serialized per container). ``others``: the listener
-    and the connections still waiting, closed in the child with the signal pipe ``wake``
-    (a copy held there would keep the EOF of its server child's death from its client)."""
+def _fork_child(others: list, wake: tuple[int, int], main, conn=None, hand=None) -> int:
+    """A child for the request waiting on ``conn`` (trusted; the hook does its own work,
+    serialized per container), or a spare that waits for its connection on ``hand``: its
+    pid (0: none forked). ``others``: the listener and the connections still waiting, closed
+    in the child with the signal pipe ``wake`` (a copy held there would keep the EOF of its
+    server child's death from its client)."""
     import signal
 
-    if len(_children) >= MAX_CHILDREN:
-        decline(conn, f"{MAX_CHILDREN} hooks are being served")
-        return
-    conn.settimeout(REQUEST_TIMEOUT)
+    if conn is not None:
+        conn.settimeout(REQUEST_TIMEOUT)
     # SIGCHLD held until the child is counted: reaped before it was added, its pid would
     # stay in _children for good, and MAX_CHILDREN of those stop the server
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-    child = os.fork()
+    try:
+        child = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        if conn is None:
+            return 0  # (no spare: the next request forks its child)
+        raise
     if child == 0:
         signal.set_wakeup_fd(-1)
         for fd in wake:
@@ -355,13 +439,42 @@ def _fork_child(conn, others: list, wake: tuple[int, int], main) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         code = 1
         try:
-            code = handle(conn, main)
+            conn = conn or _handed(hand)
+            code = handle(conn, main) if conn is not None else 0
         except BaseException as e:  # never back into the accept loop
             print(f"sandbox serve: {e}", file=sys.stderr)
         finally:
             os._exit(code)
-    _children.add(child)
+    if conn is not None:
+        _children.add(child)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+    return child
+
+
+def _handed(hand):
+    """A spare's connection, as the server hands it over; None where the server closed its
+    end instead (it left, or forked a fresher spare)."""
+    import signal
+    import socket
+
+    import prctl
+
+    for sig in (signal.SIGTERM, signal.SIGINT):  # (waiting, a spare leaves as a signal says)
+        signal.signal(sig, signal.SIG_DFL)
+    name = prctl.get_name()
+    prctl.set_name(SPARE)
+    try:
+        _msg, fds, _flags, _addr = socket.recv_fds(hand, 1, 1, socket.MSG_CMSG_CLOEXEC)
+    except OSError:
+        fds = []
+    finally:
+        hand.close()
+    if not fds:
+        return None
+    prctl.set_name(name)
+    conn = socket.socket(fileno=fds[0])
+    conn.settimeout(REQUEST_TIMEOUT)
+    return conn
 
 
 def _activated():

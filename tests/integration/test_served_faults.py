@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.executor.wire import TAKE_UP_S
+from sandbox.server.listen import SPARE
 from tests.integration.helpers import alive, children
 from tests.integration.test_served import LAUNCHER, served_lines, server, stand_in
 from tests.integration.test_served import verb as verb_
@@ -95,6 +96,18 @@ def _nothing_left(root: Path, cid: str, cgroup: str, ours: Path | None = None) -
     assert [d for d in _cgroup_dirs(cgroup) if d != ours] == []
 
 
+def _workers(server: int) -> list[int]:
+    """The server's children at work (not its spare, waiting for a request)."""
+    return [pid for pid in children(server) if _name(pid) not in (SPARE, None)]
+
+
+def _name(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
 def _unique(tmp_path: Path) -> str:
     return f"fault-{os.getpid()}-{tmp_path.name}"  # (another checkout's tests run beside ours)
 
@@ -116,7 +129,7 @@ def test_a_worker_killed_mid_create_is_reported_never_run_again(server, make_bun
     os.close(w)
     try:
         deadline = time.monotonic() + 30
-        while not ((root / "c" / "state.json").exists() and len(workers := children(proc.pid)) == 1
+        while not ((root / "c" / "state.json").exists() and len(workers := _workers(proc.pid)) == 1
                    and _blocked_writing_stderr(workers[0])):  # (the cgroup's warning, to a full pipe)
             assert time.monotonic() < deadline and launcher.poll() is None, log.read_text()
             time.sleep(0.01)
@@ -158,7 +171,7 @@ def test_a_worker_killed_while_the_init_waits_leaves_nothing_after_delete(server
             assert time.monotonic() < deadline and launcher.poll() is None, log.read_text()
             time.sleep(0.01)
         hook_pid = int(marker.read_text())
-        (worker,) = children(proc.pid)
+        (worker,) = _workers(proc.pid)
         procs = Path("/sys/fs/cgroup/pids") / cgroup / "cgroup.procs"
         assert len(procs.read_text().split()) >= 2  # (the launcher, pid 1, the builder)
         os.kill(worker, signal.SIGKILL)
@@ -462,3 +475,32 @@ def test_a_silent_peer_is_dropped_whatever_child_was_forked_meanwhile(server, ma
         os.kill(int(marker.read_text()), signal.SIGKILL) if marker.exists() else None
         launcher.wait(timeout=30)
         verb_(path, "--root", tmp_path / "state", "delete", "--force", "c")
+
+
+def test_the_spare_takes_the_next_request_and_leaves_with_the_server(server, tmp_path):
+    """The server forks a child ahead of the next request (its spare): a verb is served by
+    it and a new spare follows; a spare killed meanwhile costs nothing (a child is forked as
+    before); the spare leaves with the server."""
+    path, log, proc = server
+
+    def spare(other: int | None = None) -> int:
+        deadline = time.monotonic() + 10
+        while not (ours := [p for p in children(proc.pid) if _name(p) == SPARE and p != other]):
+            assert time.monotonic() < deadline, (children(proc.pid), log.read_text())
+            time.sleep(0.01)
+        (pid,) = ours
+        return pid
+
+    first = spare()
+    assert verb_(path, "--root", tmp_path, "list").returncode == 0
+    assert not alive(first) and len(served_lines(log)) == 1  # (it served the verb, and left)
+    second = spare(first)
+    os.kill(second, signal.SIGKILL)
+    while alive(second):
+        time.sleep(0.005)
+    assert verb_(path, "--root", tmp_path, "list").returncode == 0
+    assert len(served_lines(log)) == 2 and "declined" not in log.read_text()
+    third = spare(second)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=10)
+    assert not alive(third)
