@@ -129,10 +129,10 @@ def serve(args, main) -> int:
         print(f"sandbox serve: {e}", file=sys.stderr)
         return 1
     finally:
-        if loop is not None:
-            loop.close()
         _unbind(path)  # (before the listener closes: no client may find a socket nobody answers)
         listener.close()
+        if loop is not None:
+            loop.close()
         if idle and seccomp.CACHE:
             import shutil
 
@@ -267,7 +267,10 @@ class _Loop:
             if len(_children) >= MAX_CHILDREN:  # never a wait here: slow clients holding every child must
                 decline(conn, f"{MAX_CHILDREN} hooks are being served")  # not stop the others
             elif not self._hand_over(conn):
-                _fork_child(self._others(), self.wake, self.main, conn=conn)
+                try:
+                    _fork_child(self._others(), self.wake, self.main, conn=conn)
+                except OSError as e:  # (pids.max, memory: the launcher does the work itself)
+                    decline(conn, f"cannot fork a child: {e.strerror}")
             if self.lazy:  # (and their files, as they are now; the rest as they were at our start)
                 _preload()
                 extra = [f for f in _code_files() if f not in self.code]
@@ -282,14 +285,23 @@ class _Loop:
                 *([self.spare[1]] if self.spare else [])]
 
     def close(self) -> None:
-        """The spare leaves with us (waited for: nothing of ours stays behind)."""
-        if self.spare is not None:
-            pid = self.spare[0]
-            self._respawn(fork=False)
-            try:
+        """The spare leaves with us, killed (it was handed nothing; a stopped one would not
+        read its EOF) and waited for: nothing of ours stays behind."""
+        import signal
+
+        if self.spare is None:
+            return
+        pid = self.spare[0]
+        self._respawn(fork=False)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # (unreaped, its pid is no one else's)
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass  # (reaped already)
+        except ChildProcessError:
+            pass  # (reaped already)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
 
     def _respawn(self, fork: bool = True) -> None:
         """A new spare (the old one, if any, leaves): a child forked ahead of the next request,
@@ -301,8 +313,11 @@ class _Loop:
         if self.spare is not None:
             self.spare[1].close()  # (its EOF: it leaves)
             self.spare = None
-        if fork and not self.lazy:
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        if fork and not self.lazy and self.leaving is None:
+            try:
+                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            except OSError:
+                return  # (out of fds: the next request forks its child)
             pid = _fork_child([*self._others(), ours], self.wake, self.main, hand=theirs)
             theirs.close()
             self.spare = (pid, ours) if pid else None
@@ -310,7 +325,7 @@ class _Loop:
                 ours.close()
 
     def _hand_over(self, conn) -> bool:
-        """Give ``conn`` to the spare; False where there is none, or it died (then fork)."""
+        """Give ``conn`` to the spare; False where there is none, or it died or was stopped (then fork)."""
         import signal
         import socket
 
@@ -322,6 +337,9 @@ class _Loop:
         # closed its end: the send fails, never counted
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         try:
+            if pid in _stopped:  # (SIGSTOP'd, it would hold the request: killed, and a child forked)
+                os.kill(pid, signal.SIGKILL)
+                return False
             socket.send_fds(hand, [b"c"], [conn.fileno()])
             _children.add(pid)
             return True
@@ -430,15 +448,15 @@ def _fork_child(others: list, wake: tuple[int, int], main, conn=None, hand=None)
             return 0  # (no spare: the next request forks its child)
         raise
     if child == 0:
-        signal.set_wakeup_fd(-1)
-        for fd in wake:
-            os.close(fd)
-        for other in others:
-            other.close()
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         code = 1
-        try:
+        try:  # (from the first bytecode: a SIGTERM now must not run the server's exit, its socket's removal)
+            signal.set_wakeup_fd(-1)
+            for fd in wake:
+                os.close(fd)
+            for other in others:
+                other.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             conn = conn or _handed(hand)
             code = handle(conn, main) if conn is not None else 0
         except BaseException as e:  # never back into the accept loop
@@ -525,6 +543,7 @@ def _listen(path: str):
 
 _bound: dict[str, int] = {}  # socket path -> the inode we bound there
 _children: set[int] = set()
+_stopped: set[int] = set()  # children stopped (SIGSTOP) since they were forked
 
 
 def _preload() -> None:
@@ -553,9 +572,13 @@ def _preload() -> None:
 def _reap() -> None:
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG | os.WUNTRACED)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        if os.WIFSTOPPED(status):
+            _stopped.add(pid)
+            continue
         _children.discard(pid)
+        _stopped.discard(pid)

@@ -477,37 +477,76 @@ def test_a_silent_peer_is_dropped_whatever_child_was_forked_meanwhile(server, ma
         verb_(path, "--root", tmp_path / "state", "delete", "--force", "c")
 
 
+def _spare(proc, log, other: int | None = None) -> int:
+    """The server's spare (not ``other``), once there."""
+    deadline = time.monotonic() + 10
+    while not (ours := [p for p in children(proc.pid) if _name(p) == SPARE and p != other]):
+        assert time.monotonic() < deadline, (children(proc.pid), log.read_text())
+        time.sleep(0.01)
+    (pid,) = ours
+    return pid
+
+
+def _soon(done, log) -> None:
+    deadline = time.monotonic() + 10
+    while not done():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.005)
+
+
 def test_the_spare_takes_the_next_request_and_leaves_with_the_server(server, tmp_path):
-    """The server forks a child ahead of the next request (its spare): a verb is served by
-    it and a new spare follows; a spare killed meanwhile costs nothing (a child is forked as
-    before); the spare leaves with the server."""
+    """The server forks a child ahead of the next request (its spare): the request is served
+    by it (a hook's, held while its stdin is open) and a new spare follows; a spare killed
+    meanwhile costs nothing (a child is forked as before); the spare leaves with the server."""
     path, log, proc = server
-
-    def spare(other: int | None = None) -> int:
-        deadline = time.monotonic() + 10
-        while not (ours := [p for p in children(proc.pid) if _name(p) == SPARE and p != other]):
-            assert time.monotonic() < deadline, (children(proc.pid), log.read_text())
-            time.sleep(0.01)
-        (pid,) = ours
-        return pid
-
-    def soon(done) -> None:  # (a child answers, then logs and exits)
-        deadline = time.monotonic() + 10
-        while not done():
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.005)
-
-    first = spare()
-    assert verb_(path, "--root", tmp_path, "list").returncode == 0
-    soon(lambda: not alive(first) and len(served_lines(log)) == 1)  # (it served the verb, and left)
-    second = spare(first)
+    first = _spare(proc, log)
+    hook = subprocess.Popen([str(LAUNCHER), "hook", "--driver-root", "/nonexistent"], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, SANDBOX_SERVER=str(path)))
+    try:
+        _soon(lambda: _workers(proc.pid) == [first], log)  # (the spare, at work: its name back)
+        second = _spare(proc, log, first)
+    finally:
+        hook.stdin.close()
+        hook.wait(timeout=30)
+    _soon(lambda: not alive(first) and len(served_lines(log)) == 1, log)  # (it served the hook, and left)
     os.kill(second, signal.SIGKILL)
     while alive(second):
         time.sleep(0.005)
     assert verb_(path, "--root", tmp_path, "list").returncode == 0
-    soon(lambda: len(served_lines(log)) == 2)
+    _soon(lambda: len(served_lines(log)) == 2, log)
     assert "declined" not in log.read_text()
-    third = spare(second)
+    third = _spare(proc, log, second)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=10)
     assert not alive(third)
+
+
+def test_a_stopped_spare_holds_nothing_up(server, tmp_path):
+    """A spare stopped (SIGSTOP) is not handed the next request (a child is forked for it,
+    served at once), and a server leaving with a stopped spare does not wait for it: its
+    socket goes, the spare is killed. The server SIGKILLed, its spare leaves too."""
+    path, log, proc = server
+    first = _spare(proc, log)
+    os.kill(first, signal.SIGSTOP)
+    _soon(lambda: Path(f"/proc/{first}/stat").read_text().split(") ")[1][0] == "T", log)
+    t = time.monotonic()
+    assert verb_(path, "--root", tmp_path, "list").returncode == 0
+    assert time.monotonic() - t < TAKE_UP_S / 2 and "declined" not in log.read_text()
+    _soon(lambda: len(served_lines(log)) == 1 and not alive(first), log)
+    second = _spare(proc, log, first)
+    os.kill(second, signal.SIGSTOP)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=10)
+    assert not path.exists() and not alive(second)
+
+
+def test_a_killed_servers_spare_leaves(tmp_path):
+    """The server SIGKILLed: its spare reads the EOF of its socketpair and leaves."""
+    import engines
+
+    with engines.WarmServer(tmp_path) as warm:
+        spare = _spare(warm.proc, warm.log)
+        warm.proc.kill()
+        warm.proc.wait()
+        _soon(lambda: not alive(spare), warm.log)
