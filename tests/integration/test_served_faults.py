@@ -550,3 +550,23 @@ def test_a_killed_servers_spare_leaves(tmp_path):
         warm.proc.kill()
         warm.proc.wait()
         _soon(lambda: not alive(spare), warm.log)
+
+
+def test_a_report_brings_a_fresher_spare(server, make_bundle, driver_root):
+    """A child that discovered the driver reports the inventory; the spare forked before the
+    report lacks it and is replaced at once, not at the next request. (The hook's state names
+    our pid: discovery runs, the mount is refused.)"""
+    path, log, proc = server
+    bundle = make_bundle(["true"], ["NVIDIA_VISIBLE_DEVICES=all"])
+    made = max(p.lstat().st_ctime for p in driver_root.rglob("*"))  # (the fixture's socket: made this session)
+    time.sleep(max(0.0, made + 1.1 - time.time()))  # (past reads.RACY: else discovery is not kept, nor reported)
+    first = _spare(proc, log)
+    hook = subprocess.Popen([str(LAUNCHER), "hook", "--driver-root", str(driver_root)], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=dict(os.environ, SANDBOX_SERVER=str(path)))
+    _soon(lambda: _workers(proc.pid) == [first], log)
+    second = _spare(proc, log, first)  # (forked at the hand-over, before any report)
+    _, err = hook.communicate(json.dumps({"id": "x", "pid": os.getpid(), "bundle": str(bundle)}).encode(), timeout=30)
+    assert hook.returncode != 0 and b"refusing to mount into the host's tree" in err, err
+    _soon(lambda: not alive(second), log)  # (replaced, no request since)
+    assert _spare(proc, log, second) and len(served_lines(log)) == 1
