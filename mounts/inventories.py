@@ -72,17 +72,15 @@ def _report(sock: socket.socket, kept: Kept) -> None:
             pass  # (a server gone, or busy: the next child reports it again)
 
 
-def receive(sock: socket.socket) -> bool:
-    """In the server: keep what its children sent (every message waiting, none waited for);
-    whether anything was."""
-    got = False
+def receive(sock: socket.socket) -> None:
+    """In the server: keep what its children sent (every message waiting, none waited for)."""
     while True:
         try:
             data = sock.recv(MAX_MESSAGE, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
-            return got
+            return
         if not data:
-            return got
+            return
         try:
             kept = msgspec.msgpack.decode(data, type=Kept)
         except (msgspec.DecodeError, ValueError):  # (never a reason for the server to stop)
@@ -92,7 +90,6 @@ def receive(sock: socket.socket) -> bool:
         if ("stat", kept.key[0]) not in answers.answers:  # (a discovery notes its root first: else no report of ours)
             continue
         _keep(tuple(kept.key), kept.inventory, answers)  # type: ignore[arg-type]
-        got = True
 
 
 MAX_KEPT = 16  # driver roots (and PATHs) kept at once: the oldest goes first

@@ -175,6 +175,8 @@ class _Loop:
     def run(self) -> None:
         import time
 
+        from mounts import inventories
+
         while True:
             events = self.poll.poll(self._timeout())
             if _children or self.waiting:
@@ -187,16 +189,16 @@ class _Loop:
                 elif fd in self.waiting:
                     self._take(fd)
                 elif fd == self.reports.fileno():
-                    from mounts import inventories
-
-                    if inventories.receive(self.reports):  # (a spare forked before lacks it)
-                        self._respawn()
+                    inventories.receive(self.reports)
                 elif fd == self.wake[0]:  # (emptied: the handlers themselves run between bytecodes)
                     try:
                         while os.read(self.wake[0], 256):
                             pass
                     except BlockingIOError:
                         pass
+            if self.spare is None and not _children:  # (never beside a child at work: it would slow it)
+                inventories.receive(self.reports)  # (theirs, all sent: a spare has what they found)
+                self._respawn()
             now = time.monotonic()
             while self.waiting and next(iter(self.waiting.values()))[1] <= now:  # (deadlines in order: one timeout)
                 fd, (conn, _) = next(iter(self.waiting.items()))
@@ -261,8 +263,7 @@ class _Loop:
         with conn:
             if not _has_request(conn):
                 return
-            if inventories.receive(self.reports):  # (what children sent since, the spare forked before it)
-                self._respawn(fork=False)
+            inventories.receive(self.reports)  # (what children sent since)
             _cap_log()
             if len(_children) >= MAX_CHILDREN:  # never a wait here: slow clients holding every child must
                 decline(conn, f"{MAX_CHILDREN} hooks are being served")  # not stop the others
@@ -275,8 +276,6 @@ class _Loop:
                 _preload()
                 extra = [f for f in _code_files() if f not in self.code]
                 self.code, self.stamp, self.lazy = self.code + extra, self.stamp + _code_stamp(extra), False
-        if self.spare is None:
-            self._respawn()
 
     def _others(self) -> list:
         """What a child closes: the listener, the reports' end, the connections still waiting,
@@ -306,8 +305,8 @@ class _Loop:
     def _respawn(self, fork: bool = True) -> None:
         """A new spare (the old one, if any, leaves): a child forked ahead of the next request,
         which waits for its connection on a socketpair of its own (a fork is ~1.7 ms of a
-        served verb here, off its path so). Forked after the preload and after each new
-        inventory the children reported, it starts with what a child forked then would."""
+        served verb here, off its path so). Forked after the preload, and only while no child
+        is at work, their reports received: it starts with what a child forked then would."""
         import socket
 
         if self.spare is not None:
