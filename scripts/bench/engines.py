@@ -10,7 +10,8 @@ side by side in one run (interleaved), medians:
 
 and each runtime verb alone on one bundle (create, start, state, kill, delete): sandbox
 against runc, and sandbox with its warm server (`sandbox serve`: the verbs that start no
-process served by it). Needs root. BENCH_N sets the run count (default 20); BENCH_ENGINES the
+process served by it), there also on a GPU bundle (issue 33: a served create with GPUs within
+10 ms of one without). Needs root. BENCH_N sets the run count (default 20); BENCH_ENGINES the
 engines; BENCH_SERVER=1 has the engines' sandbox use a warm server too, at its default socket
 (the bench then runs in a private mount namespace with a /run of its own).
 """
@@ -79,11 +80,15 @@ def bench_engine(name: str, work: Path) -> None:
 
 
 def bench_verbs(work: Path) -> None:
-    """create / start / state / kill / delete on one no-GPU bundle (`sleep` as the process)."""
-    bundle = fixtures.bundle(work / "verbs", fixtures.rootfs("debian"), ["sleep", "60"])
+    """create / start / state / kill / delete on one no-GPU bundle (`sleep` as the process),
+    and served on a GPU one (NVIDIA_VISIBLE_DEVICES=all, the 535 fixture)."""
+    plain = fixtures.bundle(work / "verbs", fixtures.rootfs("debian"), ["sleep", "60"])
+    gpu = fixtures.bundle(work / "verbs-gpu", fixtures.rootfs("debian"), ["sleep", "60"], ["NVIDIA_VISIBLE_DEVICES=all"])
     runtimes = {"runc": [engines.RUNC, "--root", str(work / "runc-state")],
                 "sandbox": [engines.SANDBOX, "--root", str(work / "sandbox-state")],
-                "sandbox+server": [engines.SANDBOX, "--root", str(work / "served-state")]}
+                "sandbox+server": [engines.SANDBOX, "--root", str(work / "served-state")],
+                "sandbox+server+gpu": [engines.SANDBOX, "--root", str(work / "served-gpu-state"), "--driver-root",
+                                       str(fixtures.driver_535())]}
     server = engines.WarmServer(work / "verbs-server")
     verbs = ("create", "start", "state", "kill", "delete")
     times: dict[tuple[str, str], list[float]] = {(r, v): [] for r in runtimes for v in verbs}
@@ -92,10 +97,11 @@ def bench_verbs(work: Path) -> None:
         for r, base in runtimes.items():
             time.sleep(COOL)
             cid = f"v{i}"
+            bundle = gpu if r.endswith("+gpu") else plain
             steps = {"create": [*base, "create", "--bundle", str(bundle), cid], "start": [*base, "start", cid],
                      "state": [*base, "state", cid], "kill": [*base, "kill", cid, "KILL"],
                      "delete": [*base, "delete", "--force", cid]}
-            env = dict(os.environ, SANDBOX_SERVER=str(server.path) if r == "sandbox+server" else "")
+            env = dict(os.environ, SANDBOX_SERVER=str(server.path) if r.startswith("sandbox+server") else "")
             for v in verbs:
                 dt = timed(steps[v], stdin=subprocess.DEVNULL, env=env)
                 if i:
@@ -105,14 +111,15 @@ def bench_verbs(work: Path) -> None:
             run_round(i)
         served = server.served()
         declined = [line for line in server.log.read_text().splitlines() if ": declined: " in line]
-    if served != len(verbs) * (N + 1) or declined:  # (else "served" figures are Python's)
-        raise SystemExit(f"the warm server served {served} of {len(verbs) * (N + 1)} verbs; declined: {declined}")
+    if served != 2 * len(verbs) * (N + 1) or declined:  # (else "served" figures are Python's)
+        raise SystemExit(f"the warm server served {served} of {2 * len(verbs) * (N + 1)} verbs; declined: {declined}")
     print(f"  (the warm server served all {served} verbs)")
     for v in verbs:
         med = {r: statistics.median(times[(r, v)]) for r in runtimes}
         print(f"  {v:<7} sandbox {med['sandbox']:6.1f} ms   with server {med['sandbox+server']:6.1f} ms   "
               f"runc {med['runc']:6.1f} ms   {med['sandbox'] - med['runc']:+6.1f} / "
-              f"{med['sandbox+server'] - med['runc']:+6.1f} ms")
+              f"{med['sandbox+server'] - med['runc']:+6.1f} ms   served GPU {med['sandbox+server+gpu']:6.1f} ms "
+              f"({med['sandbox+server+gpu'] - med['sandbox+server']:+.1f} over served without)")
 
 
 DEFAULT_SOCKET = Path("/run/gpu-sandbox/hook.sock")
