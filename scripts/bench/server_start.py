@@ -46,8 +46,11 @@ def servers(sock: Path) -> list[int]:
 
 
 def stop(sock: Path) -> None:
-    for pid in servers(sock):
-        os.kill(pid, signal.SIGTERM)
+    for pid in servers(sock):  # (and its spare, which leaves with it)
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
         while os.path.exists(f"/proc/{pid}"):
             time.sleep(0.005)
 
