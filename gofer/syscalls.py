@@ -162,6 +162,21 @@ def _b(s: str | None) -> bytes | None:
     return None if s is None else os.fsencode(s)
 
 
+# inotify(7): what changes a directory's entries or a file in it (never a read)
+IN_CHANGES = (0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800)  # IN_MODIFY ATTRIB CLOSE_WRITE
+# MOVED_FROM MOVED_TO CREATE DELETE DELETE_SELF MOVE_SELF
+
+
+def inotify_init() -> int:
+    """A non-blocking inotify fd: it reads an event once anything a watch of it names changed."""
+    return _check(_libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC), "inotify_init1", "")
+
+
+def inotify_add(fd: int, path: str) -> None:
+    """Watch ``path`` (a directory: its entries too) for IN_CHANGES."""
+    _check(_libc.inotify_add_watch(fd, _b(path), IN_CHANGES), "inotify_add_watch", path)
+
+
 def fdpath(fd: int) -> str:
     """The magic link through which mount(2) reaches what ``fd`` refers to."""
     return f"/proc/self/fd/{fd}"
