@@ -366,13 +366,15 @@ def test_a_pod_whose_container_exited_at_once_is_stopped_and_removed(cri, pods, 
     """kubelet's `crictl stopp` and `rmp` of pods whose container has just exited: the shim
     still kills it, and takes runc's "container not running" for gone; ours must say the same
     (the issue: 6 failures in 6 with sandbox). 10 pods, each stopped and removed; kubelet
-    retries a failed stop, and so does this test, once: containerd 1.7's shim now and then
-    closes its ttrpc connection under runc too, which is containerd's race, not the runtime's
-    words, and the retry then succeeds. The runtime's words never fail a stop."""
+    retries a failed stop, and so does this test, once: containerd's shim (1.7's, and once in
+    a full run 1.6's) now and then closes its ttrpc connection under runc too, which is
+    containerd's race, not the runtime's words, and the retry then succeeds, or finds the pod
+    gone (the first RemovePodSandbox took it: NOT_FOUND, which kubelet takes for stopped).
+    The runtime's words never fail a stop."""
     for n in range(10):
         pod = pods(f"quick{n}", handler)
         cid = _run(cri, fail, pod, f"quick{n}", ["true"])  # (stopped at once, as it exits)
         first = cri.teardown_pod(pod)
         assert not [e for e in first if "not running" in e], (n, first, fail.text(pod.id, cid))
-        errors = cri.teardown_pod(pod) if first else []
+        errors = [e for e in (cri.teardown_pod(pod) if first else []) if ": NOT_FOUND: " not in e]
         assert errors == [], (n, first, errors, fail.text(pod.id, cid))
