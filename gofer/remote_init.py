@@ -103,7 +103,12 @@ def join(init: int) -> None:
             raise SandboxError(f"the container's cgroup: cannot join it: {e.strerror}", op="cgroup") from None
         finally:
             os.close(procs)
-    fds = enter.open_namespaces(init)
+    try:
+        fds = enter.open_namespaces(init)
+    except SandboxError:
+        if _gone(init):  # (killed before we could join it: say so, not which file was missing)
+            raise SandboxError("the container's init exited before it was ready") from None
+        raise
     try:
         for fd, flag, name in fds:
             sc.setns(fd, flag, what=f"the container's {name} namespace")
@@ -112,6 +117,15 @@ def join(init: int) -> None:
             os.close(fd)
     if os.fork():
         os._exit(0)
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` exited (reaped, or a zombie whose namespaces are gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b") ", 1)[1][:1] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
 
 
 def _cgroup_procs(init: int) -> list[int]:

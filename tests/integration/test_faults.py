@@ -94,9 +94,9 @@ def test_an_init_killed_during_create_is_named(make_bundle, driver_root, tmp_pat
     killed = False
     deadline = time.monotonic() + 20
     while not killed and p.poll() is None and time.monotonic() < deadline:
-        for init in children(p.pid):  # the init: the launcher's child ("sandbox-init")
+        for init in children(p.pid):  # the init: the launcher's child ("sandbox-init"), once the hook runs
             try:
-                if Path(f"/proc/{init}/cmdline").read_bytes().startswith(b"sandbox-init"):
+                if Path(f"/proc/{init}/cmdline").read_bytes().startswith(b"sandbox-init") and _hook_runs():
                     os.kill(init, 9)
                     killed = True
             except (ProcessLookupError, FileNotFoundError):
@@ -106,6 +106,17 @@ def test_an_init_killed_during_create_is_named(make_bundle, driver_root, tmp_pat
     said = p.stderr.read()
     assert said == "sandbox create: the container's init or its builder was killed by signal 9 before it was ready\n", said
     assert not os.listdir(tmp_path / "s")
+
+
+def _hook_runs() -> bool:
+    """Whether the prestart hook (`sleep 1`) runs now (the builder's child)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x001\x00":
+                return True
+        except OSError:
+            pass
+    return False
 
 
 def test_a_stopped_runs_state_replaced_takes_its_cgroups_along(make_bundle, tmp_path):
