@@ -165,7 +165,6 @@ class _Loop:
         self.wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake[1], warn_on_full_buffer=False)
         self.poll.register(self.wake[0], select.POLLIN)
-        self.poll.register(reports, select.POLLIN)
         self.waiting: dict[int, tuple] = {}  # fd -> (connection, deadline), in the order they came
         self.busy = time.monotonic()  # (idle: the last time a request or child was there)
         self.leaving: float | None = None  # when our socket went
@@ -189,8 +188,6 @@ class _Loop:
                     self._accept()
                 elif fd in self.waiting:
                     self._take(fd)
-                elif fd == self.reports.fileno():
-                    inventories.receive(self.reports)
                 elif fd == self.wake[0]:  # (emptied: the handlers themselves run between bytecodes)
                     try:
                         while os.read(self.wake[0], 256):
