@@ -18,7 +18,7 @@ import re
 import stat
 
 from mounts import catalog, driver_files, driver_nodes, ldcache, reads
-from mounts.driver_facts import (  # (Gpu ... and cuda_version: others import them from here)
+from mounts.driver_facts import (  # (Gpu, Inventory ... live there: import them from mounts.driver_facts)
     MAX_CACHE,
     POINT_AT_DRIVER,
     DriverLib,

@@ -406,17 +406,20 @@ class _CodeWatch:
 
     def add(self, files: list[str]) -> None:
         """Watch ``files`` (and the directories among them) too, as they are now."""
-        self.files += files
         if self.fd is not None:
             try:
                 for path in files:
                     if not path.endswith(".py"):  # (a file's changes are its directory's events)
                         sc.inotify_add(self.fd, path)
+                self.files += files
                 return
-            except OSError:
+            except OSError:  # (out of watches: what it saw so far kept, the stamps from now on)
+                self.changed()
                 os.close(self.fd)
                 self.fd = None
-        self.stamp = _code_stamp(self.files)
+                files, self.files = self.files + files, []
+        self.files += files
+        self.stamp += _code_stamp(files)
 
     def close(self) -> None:
         """(In a child: the server's alone.)"""

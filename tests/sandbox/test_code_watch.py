@@ -67,3 +67,30 @@ def test_files_added_later_are_watched_too(watch_of, tmp_path):
     with open(tmp_path / "sub" / "late.py", "a") as f:
         f.write("z = 2\n")
     assert watch.changed()
+
+
+def test_a_change_before_more_files_are_added_is_still_seen(watch_of, tmp_path):
+    """(The server adds the files its preload loaded after its start: a change between the
+    two must not be taken for the start's state.)"""
+    files = _code(tmp_path)
+    watch = watch_of(files[:2])
+    with open(files[1], "a") as f:
+        f.write("x = 3\n")
+    watch.add(files[2:])
+    assert watch.changed()
+
+
+def test_out_of_watches_keeps_what_was_seen_and_stamps_after(tmp_path, monkeypatch):
+    files = _code(tmp_path)
+    watch = _CodeWatch(files)
+    (tmp_path / "sub").mkdir()
+
+    def refused(fd: int, path: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sc, "inotify_add", refused)
+    watch.add([str(tmp_path / "sub")])
+    assert watch.fd is None and not watch.changed()
+    with open(files[1], "a") as f:
+        f.write("x = 4\n")
+    assert watch.changed()
