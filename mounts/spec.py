@@ -145,20 +145,30 @@ OUR_CDI_HOOK = ("cdi", "hook")  # what `sandbox cdi generate` puts after the pro
 
 def cdi_hook_args(hook: Hook) -> list[str] | None:
     """The --link/--file/--cache-entry arguments of our own CDI spec's hook (sandbox/verbs/cdi.py
-    writes it: the `sandbox` launcher, then "cdi hook"; an older installation's: its Python
-    program, behind a C client or not, then "cdi hook"), or None for any other hook. Done
-    natively, it is no power a bundle's hook lacks: it only links and caches in the
-    container's own root."""
-    args = hook.args[1:]
-    for i in range(len(args) - 1):
-        ours = (i == 0 and os.path.basename(hook.path) == "sandbox") or any(ENTRY_MARK in a for a in args[:i])
-        if (tuple(args[i:i + 2]) == OUR_CDI_HOOK and ours
-                and len(args[i + 2:]) % 2 == 0 and all(a in ("--link", "--file", "--cache-entry") for a in args[i + 2::2])):
-            return args[i + 2:]
+    writes it), or None for any other hook. Done natively, it is no power a bundle's hook
+    lacks: it only links and caches in the container's own root."""
+    start = our_verb(hook.path, hook.args, OUR_CDI_HOOK)
+    rest = hook.args[start:] if start is not None else []
+    if start is None or len(rest) % 2 or not all(a in ("--link", "--file", "--cache-entry") for a in rest[::2]):
+        return None
+    return rest
+
+
+ENTRY_MARK = "from sandbox.cli import"  # in an older installation's -c program
+
+
+def our_verb(path: str, args: list[str], verb: tuple[str, ...]) -> int | None:
+    """Where the arguments of our `sandbox VERB` begin in a hook entry's args: the `sandbox`
+    launcher with VERB first, or an older installation's Python program (behind a C client or
+    not) with VERB right after its `-c CODE` (sandbox/executor/launcher.c's older_entry);
+    None for anyone else's hook."""
+    rest = args[1:]
+    if tuple(rest[:len(verb)]) == verb and os.path.basename(path) == "sandbox":
+        return 1 + len(verb)
+    for i in range(2, len(rest) - len(verb) + 1):
+        if rest[i - 2] == "-c" and ENTRY_MARK in rest[i - 1] and tuple(rest[i:i + len(verb)]) == verb:
+            return 1 + i + len(verb)
     return None
-
-
-ENTRY_MARK = "from sandbox.cli import"  # in an older installation's -c program (sandbox/executor/build.py's MARK)
 
 
 def is_nvidia_hook(hook: Hook) -> bool:

@@ -70,7 +70,7 @@ def resolve(args) -> None:
 
         args.root = DEFAULT_ROOT
     args.max_capabilities = None
-    if args.verb in ("create", "run", "plan", "hook", "cdi"):
+    if args.verb in ("create", "run", "plan", "hook") or (args.verb == "cdi" and args.action == "generate"):
         conf = load_config(args.config)
         if args.driver_root is None:
             args.driver_root = conf.driver_root

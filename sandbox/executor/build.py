@@ -22,7 +22,6 @@ import os
 import sys
 
 MAIN = "from sandbox.cli import run; run(sys.argv[1:])"
-MARK = "from sandbox.cli import"  # what tells an older installation's hook entries (its Python's) apart
 
 
 def installed() -> str:
@@ -32,9 +31,14 @@ def installed() -> str:
     from mounts.errors import SandboxError
 
     path = os.path.join(os.path.dirname(sys.executable), "sandbox")
-    if not os.access(path, os.X_OK):
+    try:
+        with open(path, "rb") as f:
+            launcher = f.read(4) == b"\x7fELF" and os.access(path, os.X_OK)
+    except OSError:
+        launcher = False
+    if not launcher:  # (pip's own script there runs Python unisolated, and never a server)
         raise SandboxError(f"{path}: no `sandbox` launcher beside the interpreter (scripts/setup or scripts/install "
-                           "writes it)")
+                           "writes it; python -m sandbox.executor.build PATH)")
     if os.path.islink(path):
         path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
     return path

@@ -92,11 +92,9 @@ def run_hook(args, state_json: bytes) -> int:
 def ours(entry: dict) -> bool:
     """Whether a hook entry is one `hook install` wrote: the launcher's `hook`, or an older
     installation's (our Python's -c program, behind its C client or not)."""
-    from sandbox.executor.build import MARK
+    from mounts.spec import our_verb
 
-    args = entry.get("args") or []
-    return (os.path.basename(str(entry.get("path", ""))) == "sandbox" and args[1:2] == ["hook"]) or \
-        any(MARK in str(a) for a in args)
+    return our_verb(str(entry.get("path", "")), [str(a) for a in entry.get("args") or []], ("hook",)) is not None
 
 
 def install(args) -> int:

@@ -141,3 +141,20 @@ def test_our_cdi_hook_is_done_natively_and_no_other():
     actions = spec_hook_actions(hooks.cdi_args())
     assert actions[0] == A.Symlink("libcuda.so.1", "/usr/lib/libcuda.so")
     assert isinstance(actions[1], A.LdCache) and actions[1].entries[0].flags == 0x303
+
+
+def test_our_hook_entries_as_the_launcher_reads_them():
+    """Our `sandbox VERB` in a hook entry: the launcher with the verb first, or an older
+    installation's Python with the verb right after its -c program (launcher.c's older_entry);
+    a verb further on, or another verb, is not ours."""
+    from mounts.spec import ENTRY_MARK, our_verb
+
+    code = f"import sys; {ENTRY_MARK} run; run(sys.argv[1:])"
+    old = ["sandbox-hook", "/py", "-I", "-S", "-c", code]
+    assert our_verb("/usr/bin/sandbox", ["sandbox", "hook", "--driver-root", "/"], ("hook",)) == 2
+    assert our_verb("/venv/bin/sandbox-hook", [*old, "hook", "--trace", "t"], ("hook",)) == 7
+    assert our_verb("/venv/bin/sandbox-hook", [*old, "cdi", "hook", "--link", "a::b"], ("hook",)) is None
+    assert our_verb("/venv/bin/sandbox-hook", [*old, "cdi", "hook", "--link", "a::b"], ("cdi", "hook")) == 8
+    assert our_verb("/usr/bin/sandbox", ["sandbox", "cdi", "hook"], ("hook",)) is None
+    assert our_verb("/bin/other", ["other", "hook"], ("hook",)) is None
+    assert our_verb("/venv/bin/sandbox-hook", ["x", "/py", "-c", "print(1)", "hook"], ("hook",)) is None

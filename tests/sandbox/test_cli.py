@@ -207,3 +207,37 @@ def test_each_verb_reads_only_what_its_table_gives():
                          and isinstance(node.value, ast.Name) and node.value.id == "args"}
         assert read or verbs == ("features",), path  # (features reads no option)
         assert read <= given, (path, read - given)
+
+
+def test_hook_entries_name_the_launcher_not_pips_script(tmp_path, monkeypatch):
+    """pip's own `sandbox` script beside the interpreter is no launcher: an entry naming it
+    would run Python unisolated and never be served; installed() says so."""
+    import sys
+
+    from mounts.errors import SandboxError
+    from sandbox.executor import build
+
+    (tmp_path / "sandbox").write_text("#!/usr/bin/python\nfrom sandbox.cli import run\n")
+    (tmp_path / "sandbox").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    with pytest.raises(SandboxError, match="no `sandbox` launcher"):
+        build.installed()
+    (tmp_path / "sandbox").write_bytes(b"\x7fELF" + b"\0" * 60)
+    assert build.installed() == str(tmp_path / "sandbox")
+
+
+def test_only_cdi_generate_reads_the_config_file(tmp_path):
+    """Our CDI spec's hook (and `cdi list`) use nothing of config.toml: a broken one fails only
+    `cdi generate`, which takes the driver root from it."""
+    from mounts.errors import SandboxError
+    from sandbox.config import resolve
+    from sandbox.flags import cdi_hook_args
+
+    bad = tmp_path / "config.toml"
+    bad.write_text("driver-root = [\n")
+    hook = cdi_hook_args(["cdi", "hook", "--link", "a::b"])
+    hook.config = str(bad)
+    resolve(hook)
+    generate = parser().parse_args(["--config", str(bad), "cdi", "generate"])
+    with pytest.raises(SandboxError, match="config.toml"):
+        resolve(generate)
