@@ -43,6 +43,7 @@ from gofer.frontend_plan import (
     send,
 )
 from mounts.errors import MountError, SandboxError
+from mounts.proc import start_time
 from mounts.spec import Spec
 
 
@@ -106,7 +107,7 @@ def join(init: int) -> None:
     try:
         fds = enter.open_namespaces(init)
     except SandboxError:
-        if _gone(init):  # (killed before we could join it: say so, not which file was missing)
+        if start_time(init) is None:  # (killed before we could join it: say so, not which file was missing)
             raise SandboxError("the container's init exited before it was ready") from None
         raise
     try:
@@ -117,15 +118,6 @@ def join(init: int) -> None:
             os.close(fd)
     if os.fork():
         os._exit(0)
-
-
-def _gone(pid: int) -> bool:
-    """Whether ``pid`` exited (reaped, or a zombie whose namespaces are gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b") ", 1)[1][:1] in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
 
 
 def _cgroup_procs(init: int) -> list[int]:

@@ -415,9 +415,7 @@ class Root:
         parent, target, name, created = self.ensure_node(unsafe_path, is_dir)
         try:
             self.not_the_root(target, unsafe_path)
-            tree = source_fd if detached else sc.open_tree(
-                source_fd, "", sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_EMPTY_PATH
-                | (sc.AT_RECURSIVE if recursive else 0), what=unsafe_path)
+            tree = source_fd if detached else sc.clone_tree(source_fd, recursive, what=unsafe_path)
             try:
                 attrs = sum(ATTRS[f] for f in flags if f in ATTRS)
                 if attrs:

@@ -203,9 +203,7 @@ def clone_bind_sources(spec: Spec, bundle: str, shared_only: bool = False) -> di
             if _is_bind(m) and (not shared_only or parse_options(m.options)[1] & sc.MS_SHARED):
                 src = _open_source(m, bundle)
                 try:
-                    rec = sc.AT_RECURSIVE if parse_options(m.options)[0] & sc.MS_REC else 0
-                    fds[i] = sc.open_tree(src, "", sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_EMPTY_PATH | rec,
-                                          what=m.destination)
+                    fds[i] = sc.clone_tree(src, bool(parse_options(m.options)[0] & sc.MS_REC), what=m.destination)
                 finally:
                     os.close(src)
     except BaseException:
@@ -217,14 +215,13 @@ def clone_bind_sources(spec: Spec, bundle: str, shared_only: bool = False) -> di
 
 def _in_order(tree: int, flags: int) -> int:
     """A clone, made now, of the detached ``tree`` cloned earlier (clone_bind_sources), which
-    it replaces: newer kernels (this VM's 6.18) list mounts in the order they were made, and
-    the spec's mounts must read in the spec's order (runtime-tools' mounts test), so a bind
-    is made at its turn. A clone keeps the peer group (a Bidirectional bind stays one) and
-    the locks (a user namespace's). Where the kernel clones no detached tree, the earlier
-    clone itself (older kernels list mounts in the order they were attached)."""
-    rec = sc.AT_RECURSIVE if flags & sc.MS_REC else 0
+    it replaces: kernels from 6.8 on list mounts in the order they were made, and the spec's
+    mounts must read in the spec's order (runtime-tools' mounts test), so a bind is made at
+    its turn. A clone keeps the peer group (a Bidirectional bind stays one) and the locks (a
+    user namespace's). Where the kernel refuses to clone a detached tree, the earlier clone
+    itself (on a kernel that lists mounts as they were made, that bind then reads early)."""
     try:
-        fresh = sc.open_tree(tree, "", sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_EMPTY_PATH | rec)
+        fresh = sc.clone_tree(tree, bool(flags & sc.MS_REC))
     except OSError:
         return tree
     os.close(tree)

@@ -282,6 +282,11 @@ def open_tree(dirfd: int, path: str, flags: int, what: str = "") -> int:
     return _check(res, "open_tree", what or path)
 
 
+def clone_tree(fd: int, recursive: bool, what: str = "") -> int:
+    """A detached clone of the mount ``fd`` refers to (its submounts too where ``recursive``)."""
+    return open_tree(fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0), what)
+
+
 def move_mount(from_fd: int, to_fd: int, what: str = "") -> None:
     """Attach the mount ``from_fd`` (a detached tree, or one to move) onto ``to_fd``."""
     res = _retry(_syscall, ctypes.c_long(_NR["move_mount"]), ctypes.c_int(from_fd), b"",

@@ -163,7 +163,7 @@ static void wait_for_start(struct plan *pl) {
     ssize_t r;
     if (dprintf(report_fd, PLAN_READY "\n") < 0) _exit(1);
     do r = read(report_fd, &c, 1); while (r < 0 && errno == EINTR);
-    if (r != 1) _exit(1);
+    if (r != 1 || c != PLAN_GO[0]) _exit(1);
     close(report_fd);
     report_fd = -1;
     do r = read(pl->fifo, &c, 1); while (r < 0 && errno == EINTR);
