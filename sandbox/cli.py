@@ -1,5 +1,5 @@
 """``sandbox``: the command line, runc's contract plus our own verbs. Each verb is a short
-module in sandbox/; this file only calls the verb (sandbox/flags.py reads the command line,
+module in sandbox/verbs/; this file only calls the verb (sandbox/flags.py reads the command line,
 sandbox/config.py fills it in) and turns an error into one line (on stderr, and in the
 ``--log`` file) and an exit code."""
 

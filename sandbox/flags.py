@@ -94,8 +94,8 @@ HOOK: tuple[tuple[Any, ...], ...] = (
     (("--trace",), "trace", "str", None, "write a Chrome trace-event JSON of the hook", True, "FILE"),
     (("--stage",), "stage", ("prestart", "createRuntime"), "createRuntime", "(install) which hook list to add it to",
      False, None),
-    (("--server",), "server", "str", None, "the warm server's socket (default /run/gpu-sandbox/hook.sock; "
-     "tried first, the hook works without it)", True, "SOCKET"),
+    (("--server",), "server", "str", None, "the warm server's socket (default $SANDBOX_SERVER, else "
+     "/run/gpu-sandbox/hook.sock; tried first, the hook works without it)", True, "SOCKET"),
 )
 CDI_HOOK: tuple[tuple[Any, ...], ...] = (
     (("--link",), "link", "strs", [], "(hook) a link to make", True, "NAME::PATH"),

@@ -31,7 +31,7 @@ def one_line(e: BaseException) -> str:
 
 def log_error(args, msg: str) -> None:
     """The error line in --log as well: containerd's shim reads the last json entry."""
-    path = getattr(args, "log", None)
+    path = args.log
     if not path:
         return
     import time

@@ -90,7 +90,6 @@ def signal_all(state: State, signum: int) -> None:
             pass
 
 
-
 def kill_all(state) -> None:
     """SIGKILL every process of the container, and wait until they are gone (none before its
     init is known)."""

@@ -87,7 +87,7 @@ static inline int json_string(struct buf *b, const char *s, size_t n) {
     return put(b, "\"", 1);
 }
 
-/* The value of "key" in the server's flat reply: an int, or a string (escapes undone). */
+/* Where the value of "key" begins in the server's flat reply (an int, or a string as sent). */
 static inline const char *field(const char *reply, const char *key) {
     char pat[32];
     snprintf(pat, sizeof pat, "\"%s\"", key);

@@ -7,7 +7,7 @@ process plan's records are gofer/frontend_plan.py's."""
 
 from __future__ import annotations
 
-SOCKET = "/run/gpu-sandbox/hook.sock"  # the node's server (else $SANDBOX_SERVER, a hook's --server)
+SOCKET = "/run/gpu-sandbox/hook.sock"  # the node's server (a hook's --server, else $SANDBOX_SERVER, else this)
 MAX_REQUEST = 1 << 20  # bytes of one message either way
 # s the launcher waits for the server's first answer ({"running"}, a plan, {"fallback"}), which
 # its child sends at once (a create's once the bundle is read): past it, the verb runs in the

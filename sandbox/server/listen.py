@@ -20,8 +20,10 @@ A served verb (state, kill, delete, start, ..., a hook's `hook` and `cdi hook`) 
 the `sandbox` launcher itself (sandbox/executor/launcher.c), never from Python:
 
     launcher (the verb's process)          server                   child
-    {"verb": argv, "cwd", "umask", "env"}
-      + SCM_RIGHTS stdin, stdout, stderr -> accept, trusted peer? -> spare: those fds as
+    {"verb": argv, "cwd", "umask", "env",
+     "program": its -c code}                                      (another's: declined)
+      + SCM_RIGHTS stdin, stdout, stderr -> accept, trusted peer? -> the spare, handed the
+                                            (code unchanged?)        connection: those fds as
                                                                      0, 1, 2, that cwd, umask
                     <------------------------------------------      {"running"}
                                                                      and environment; cli.main
@@ -79,7 +81,8 @@ def serve(args, main) -> int:
     The loop never waits on a peer (issue #29: a peer we declined cost it 0.1 s, and 60 that
     never sent stalled every verb for seconds): an untrusted peer is answered without a
     wait, whatever it has sent; a trusted one waits in a poll set until its request comes
-    (then a child is forked for it) or REQUEST_TIMEOUT passes (then it is closed)."""
+    (then the spare, or a child forked for it, takes it) or REQUEST_TIMEOUT passes (then it is
+    closed)."""
     import signal
 
     from gofer import seccomp
@@ -239,7 +242,7 @@ class _Loop:
 
         for conn in _accept_all(self.listener):
             if not trusted_peer(conn):
-                decline(conn, "a hook server serves only root with CAP_SYS_ADMIN in its namespaces and root")
+                decline(conn, "the server serves only root with CAP_SYS_ADMIN in its namespaces and root")
             elif self.watch.changed():
                 decline(conn, "the server's code changed since it started (an upgrade): it leaves")
                 _unbind(self.path)
@@ -264,7 +267,7 @@ class _Loop:
             inventories.receive(self.reports)  # (what children sent since)
             _cap_log()
             if len(_children) >= MAX_CHILDREN:  # never a wait here: slow clients holding every child must
-                decline(conn, f"{MAX_CHILDREN} hooks are being served")  # not stop the others
+                decline(conn, f"{MAX_CHILDREN} requests are being served")  # not stop the others
             elif not self._hand_over(conn):
                 try:
                     _fork_child(self._others(), self.wake, self.main, conn=conn)
@@ -476,8 +479,7 @@ def _has_request(conn) -> bool:
 
 
 def _fork_child(others: list, wake: tuple[int, int], main, conn=None, hand=None) -> int:
-    """A child for the request waiting on ``conn`` (trusted; the hook does its own work,
-    serialized per container), or a spare that waits for its connection on ``hand``: its
+    """A child for the request waiting on ``conn`` (trusted), or a spare that waits for its connection on ``hand``: its
     pid (0: none forked). ``others``: the listener and the connections still waiting, closed
     in the child with the signal pipe ``wake`` (a copy held there would keep the EOF of its
     server child's death from its client)."""

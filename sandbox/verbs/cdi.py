@@ -63,8 +63,8 @@ def generate(args) -> int:
     return 0
 
 
-def hook(args, state_json: bytes | None = None) -> int:
-    """The hook's work for the container whose state is ``state_json`` (else stdin)."""
+def hook(args) -> int:
+    """The hook's work for the container whose state is on stdin."""
     from gofer.embed import join_mount_namespace
     from mounts.bundle import load_bundle
     from mounts.cdi import hook_actions
@@ -73,7 +73,7 @@ def hook(args, state_json: bytes | None = None) -> int:
 
     os.chdir("/")
     try:
-        state = STATE.decode(sys.stdin.buffer.read() if state_json is None else state_json)
+        state = STATE.decode(sys.stdin.buffer.read())
     except msgspec.DecodeError as e:
         raise BundleError(f"container state on stdin: {e}") from None
     actions = hook_actions(args.link, args.file, args.cache_entry)

@@ -912,7 +912,7 @@ def test_a_chrooted_launcher_is_not_served(server, make_bundle, tmp_path):
     verb("", "--root", tmp_path / "state", "delete", "--force", "c")
     listing = out.read_text().split()
     assert "bin" in listing and "work" not in listing, listing
-    assert "declined: a hook server serves only root with CAP_SYS_ADMIN in its namespaces and root" in log.read_text()
+    assert "declined: the server serves only root with CAP_SYS_ADMIN in its namespaces and root" in log.read_text()
 
 
 def _run(server_path, root, bundle, cid, *flags, signal_after=None):

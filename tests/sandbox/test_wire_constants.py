@@ -1,5 +1,5 @@
 """The wire's numbers as C sees them: a program built as sandbox/executor/build.py builds the C
-clients (the header sandbox/executor/wire.py writes, sandbox/executor/server_wire.h) prints what it was given,
+client, the launcher (the header sandbox/executor/wire.py writes, sandbox/executor/server_wire.h) prints what it was given,
 held against Python's, without root."""
 
 from __future__ import annotations
