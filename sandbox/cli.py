@@ -25,13 +25,13 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
         from sandbox.server import requests
 
         return requests.serve_once(main)
-    verb = flags.verb_of(argv)
-    if verb == "hook" and argv[(flags.verb_index(argv) or 0) + 1:][:1] not in (["install"], ["serve"]):
-        if os.isatty(0):
-            from sandbox.verbs.hook import HOW
+    at = flags.verb_index(argv)
+    if at is not None and flags.hook_call(argv[at:]) and os.isatty(0):
+        from sandbox.verbs.hook import HOW
 
-            stderr_line(f"sandbox hook: the container's state is read on stdin, not from a terminal: {HOW}")
-            return 2
+        stderr_line(f"sandbox {' '.join(argv[at:at + 2 if argv[at] == 'cdi' else at + 1])}: the container's state is "
+                    f"read on stdin, not from a terminal: {HOW}")
+        return 2
     flags._ARGV[:] = argv
     args = flags.hook_args(argv) or flags.cdi_hook_args(argv) or flags.lean_args(argv) or flags.parser().parse_args(argv)
     from mounts.errors import SandboxError

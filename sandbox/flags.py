@@ -404,6 +404,15 @@ def verb_index(argv: list[str]) -> int | None:
     return None
 
 
+def hook_call(argv: list[str]) -> bool:
+    """Whether ``argv`` (from the verb on) is an OCI hook's call, the container's state on
+    stdin: `hook` as `hook install` writes it, or our CDI spec's `cdi hook` (the rule of
+    launcher.c's hook_call, which has the server serve it)."""
+    if argv[:2] == ["cdi", "hook"]:
+        return True
+    return argv[:1] == ["hook"] and "install" not in argv and "serve" not in argv
+
+
 _ARGV: list[str] = []  # the command line main() was given (for an argparse error's --log)
 
 

@@ -96,7 +96,7 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     argv, cwd, umask, env = request.get("verb") or [], request.get("cwd"), request.get("umask"), request.get("env")
     at = flags.verb_index(argv) if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
     verb = argv[at] if at is not None else None
-    hook = at is not None and _hook_call(argv[at:])
+    hook = at is not None and flags.hook_call(argv[at:])
     if hook and any(a == "--trace" or a.startswith("--trace=") for a in argv):
         decline(conn, "a hook's trace is the hook's own to write", read=False)
         return 0
@@ -168,14 +168,6 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     line = f"sandbox serve: {verb}: {' '.join(argv)[:300]}: exit {code} in {(time.monotonic() - t) * 1e3:.1f} ms\n"
     os.write(log, line.encode("utf-8", "replace"))
     return 0
-
-
-def _hook_call(argv: list[str]) -> bool:
-    """Whether ``argv`` (from the verb on) is an OCI hook's call, served as a verb: `hook` as
-    `hook install` writes it, or our CDI spec's `cdi hook` (launcher.c's hook_call)."""
-    if argv[:2] == ["cdi", "hook"]:
-        return True
-    return argv[:1] == ["hook"] and "install" not in argv and "serve" not in argv
 
 
 def decline(conn, why: str, read: bool = True) -> None:

@@ -133,23 +133,39 @@ def test_anything_else_of_cdi_goes_to_argparse(argv):
     assert cdi_hook_args(argv) is None
 
 
-def test_hook_install_after_global_options_from_a_terminal(tmp_path, make_bundle):
-    """`sandbox --debug hook install B` from a terminal installs (the hook's own "state on
-    stdin, not a terminal" refusal is for the hook, found past the global options)."""
+def _from_a_terminal(argv: list[str]):
     import os
     import pty
     import subprocess
     import sys
 
-    bundle = make_bundle(["true"])
     primary, secondary = pty.openpty()
     try:
-        r = subprocess.run([sys.executable, "-m", "sandbox.cli", "--debug", "hook", "install", str(bundle)],
-                           stdin=secondary, capture_output=True, text=True, timeout=60)
+        return subprocess.run([sys.executable, "-m", "sandbox.cli", *argv], stdin=secondary, capture_output=True,
+                              text=True, timeout=60)
     finally:
         os.close(primary)
         os.close(secondary)
+
+
+@pytest.mark.parametrize("before, after", [(["--debug", "hook"], ["install"]),
+                                           (["hook"], ["--driver-root", "/", "install"])])
+def test_hook_install_from_a_terminal(before, after, make_bundle):
+    """`sandbox --debug hook install B` and `sandbox hook --driver-root D install B` from a
+    terminal install (the hook's own "state on stdin, not a terminal" refusal is for the hook's
+    call, found past the global options, whatever options come before `install`)."""
+    r = _from_a_terminal([*before, *after, str(make_bundle(["true"]))])
     assert r.returncode == 0 and "added sandbox hook" in r.stdout.lower() + r.stderr.lower(), r.stderr
+
+
+@pytest.mark.parametrize("argv, name", [(["hook", "--driver-root", "/"], "sandbox hook"),
+                                        (["--debug", "cdi", "hook", "--link", "a::b"], "sandbox cdi hook")])
+def test_a_hooks_call_from_a_terminal_is_refused(argv, name):
+    """A hook's call reads the container's state on stdin: from a terminal it would wait for
+    a typed one; it says so at once instead (the CDI hook's call too)."""
+    r = _from_a_terminal(argv)
+    assert r.returncode == 2 and r.stderr.startswith(f"{name}: the container's state is read on stdin, not from a "
+                                                     "terminal"), r.stderr
 
 
 def test_every_verb_is_read_from_the_table():
