@@ -73,8 +73,7 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
             from sandbox.verbs import hook as mod
         if args.verb in ("run", "create", "exec"):
             if frontend is None:  # (Python's own entry: pip's script, python -m sandbox.cli)
-                stderr_line(f"sandbox {args.verb}: only the `sandbox` executable runs it (python -m "
-                            "sandbox.executor.build PATH writes it; scripts/setup and scripts/install do)")
+                _to_the_launcher(args.verb, argv)
                 return 2
             return mod.main(args, frontend)
         return mod.main(args)
@@ -89,6 +88,24 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
         return e.exit_code if isinstance(e, SandboxError) else 1
     except KeyboardInterrupt:
         return 130
+
+
+def _to_the_launcher(verb: str, argv: list[str]) -> None:
+    """Python's own entry has the `sandbox` executable run a container (it alone makes
+    container processes): exec'd in our place with the same command line, or, where this
+    installation has none, a line that says how to get one."""
+    from mounts.errors import SandboxError
+    from sandbox.executor.build import installed
+
+    try:
+        launcher = installed()
+    except SandboxError:
+        stderr_line(f"sandbox {verb}: only the `sandbox` executable runs it (python -m "
+                    "sandbox.executor.build PATH writes it; scripts/setup and scripts/install do)")
+        return
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.execv(launcher, [launcher, *argv])
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -88,9 +88,9 @@ def test_first_hour_messages(tmp_path, monkeypatch):
         return subprocess.run([sys.executable, "-m", "sandbox.cli", "--root", str(tmp_path / "s"), *argv],
                               capture_output=True, text=True, stdin=stdin, cwd=cwd, timeout=60)
 
-    r = cli("run", str(tmp_path / "missing"))  # (Python's own entry plans nothing: the launcher's planner does)
-    assert r.returncode == 2 and r.stderr == "sandbox run: only the `sandbox` executable runs it (python -m " \
-        "sandbox.executor.build PATH writes it; scripts/setup and scripts/install do)\n", r.stderr
+    r = cli("run", str(tmp_path / "missing"))  # (Python's own entry has the launcher run it: its planner says)
+    assert r.returncode == 2 and r.stderr == f"sandbox run: {tmp_path / 'missing'}: no such directory (the bundle: " \
+        "a directory with a config.json)\n", r.stderr
     r = cli("run", "nope", cwd=tmp_path)
     assert r.returncode == 2 and "nope: no such bundle directory" in r.stderr and "sandbox run BUNDLE" in r.stderr
     r = cli("run", str(tmp_path), "--bogus")
@@ -131,6 +131,22 @@ def test_anything_else_of_cdi_goes_to_argparse(argv):
     from sandbox.flags import cdi_hook_args
 
     assert cdi_hook_args(argv) is None
+
+
+def test_without_a_launcher_python_says_how_to_get_one(monkeypatch, capsys):
+    """Python's own entry (pip's script, python -m sandbox.cli) runs no container itself: it
+    execs the launcher, and where this installation has none, says how to build one."""
+    from mounts.errors import SandboxError
+    from sandbox import cli
+    from sandbox.executor import build
+
+    def none():
+        raise SandboxError("no launcher")
+
+    monkeypatch.setattr(build, "installed", none)
+    assert cli.main(["run", "/nonexistent"]) == 2
+    assert capsys.readouterr().err == "sandbox run: only the `sandbox` executable runs it (python -m " \
+        "sandbox.executor.build PATH writes it; scripts/setup and scripts/install do)\n"
 
 
 def _from_a_terminal(argv: list[str]):
