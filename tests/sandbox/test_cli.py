@@ -273,3 +273,16 @@ def test_only_cdi_generate_reads_the_config_file(tmp_path):
     generate = parser().parse_args(["--config", str(bad), "cdi", "generate"])
     with pytest.raises(SandboxError, match="config.toml"):
         resolve(generate)
+
+
+def test_the_launchers_build_under_its_older_name(tmp_path):
+    """`python -m sandbox.launcher PATH`, as install scripts and the GPU check kit call it,
+    builds the same launcher as sandbox.executor.build."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "sandbox"
+    r = subprocess.run([sys.executable, "-m", "sandbox.launcher", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and out.read_bytes()[:4] == b"\x7fELF", r.stderr
+    r = subprocess.run([str(out), "--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("sandbox version "), r.stderr
