@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
 
         return requests.serve_once(main)
     at = flags.verb_index(argv)
-    if at is not None and flags.hook_call(argv[at:]) and os.isatty(0):
+    if at is not None and flags.hook_call(argv[at:]) and not {"-h", "--help"} & set(argv) and os.isatty(0):
         from sandbox.verbs.hook import HOW
 
         stderr_line(f"sandbox {' '.join(argv[at:at + 2 if argv[at] == 'cdi' else at + 1])}: the container's state is "

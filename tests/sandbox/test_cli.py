@@ -174,6 +174,11 @@ def test_hook_install_from_a_terminal(before, after, make_bundle):
     assert r.returncode == 0 and "added sandbox hook" in r.stdout.lower() + r.stderr.lower(), r.stderr
 
 
+def test_a_hooks_help_from_a_terminal():
+    r = _from_a_terminal(["hook", "--help"])
+    assert r.returncode == 0 and "usage:" in r.stdout and "install" in r.stdout, r.stderr
+
+
 @pytest.mark.parametrize("argv, name", [(["hook", "--driver-root", "/"], "sandbox hook"),
                                         (["--debug", "cdi", "hook", "--link", "a::b"], "sandbox cdi hook")])
 def test_a_hooks_call_from_a_terminal_is_refused(argv, name):
