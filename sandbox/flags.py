@@ -377,13 +377,13 @@ def lean_args(argv: list[str]):
         i += 1
     if verb is None:
         return None
-    lo, hi = {"list": (0, 0), "kill": (1, 2)}.get(verb, (1, 1))
-    if not lo <= len(positional) <= hi:
+    rows = [row for row in POSITIONALS.get(verb, (ID,)) if row[2] != "..."]  # (exec's command: taken above)
+    if not sum(row[2] is None for row in rows) <= len(positional) <= len(rows):
         return None
-    if positional:
-        ns["target" if verb == "run" else "container_id"] = positional[0]
-    if len(positional) == 2:
-        ns["signal"] = positional[1]
+    for (dest, _metavar, _nargs, choices, _help), value in zip(rows, positional, strict=False):
+        if choices is not None and value not in choices:
+            return None
+        ns[dest] = value
     return types.SimpleNamespace(verb=verb, **ns)
 
 
