@@ -16,10 +16,12 @@ if TYPE_CHECKING:
     import types
 
 
-def main(argv: list[str] | None = None, frontend=None) -> int:
+def main(argv: list[str] | None = None, frontend=None, entry: bool = False) -> int:
     """``frontend``: the exec or create front end (sandbox/executor/exec_plan.py,
     sandbox/executor/create_plan.py), in a planner's child (the server's, or the launcher's own):
-    run, create and exec are planned there and carried out by the `sandbox` executable."""
+    run, create and exec are planned there and carried out by the `sandbox` executable.
+    ``entry``: called as the process's own entry (python -m sandbox.cli), where run, create
+    and exec are handed to the launcher (_to_the_launcher)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["serve", "--once"] and frontend is None:  # the launcher's own planner: its command line, as it writes it
         from sandbox.server import requests
@@ -29,8 +31,10 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
     if at is not None and flags.hook_call(argv[at:]) and not {"-h", "--help"} & set(argv) and os.isatty(0):
         from sandbox.verbs.hook import HOW
 
-        stderr_line(f"sandbox {' '.join(argv[at:at + 2 if argv[at] == 'cdi' else at + 1])}: the container's state is "
-                    f"read on stdin, not from a terminal: {HOW}")
+        cdi = argv[at] == "cdi"
+        how = "runc and crun run it with the container's state on stdin, from a CDI spec (`sandbox cdi generate`)"
+        stderr_line(f"sandbox {'cdi hook' if cdi else 'hook'}: the container's state is read on stdin, not from a "
+                    f"terminal: {how if cdi else HOW}")
         return 2
     flags._ARGV[:] = argv
     args = flags.hook_args(argv) or flags.cdi_hook_args(argv) or flags.lean_args(argv) or flags.parser().parse_args(argv)
@@ -72,8 +76,9 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
         else:
             from sandbox.verbs import hook as mod
         if args.verb in ("run", "create", "exec"):
-            if frontend is None:  # (Python's own entry: pip's script, python -m sandbox.cli)
-                _to_the_launcher(args.verb, argv)
+            if frontend is None:  # (Python's own entry: python -m sandbox.cli, pip's script)
+                why = _to_the_launcher(argv) if entry else "called without a planner's front end"
+                stderr_line(f"sandbox {args.verb}: only the `sandbox` launcher runs it: {why}")
                 return 2
             return mod.main(args, frontend)
         return mod.main(args)
@@ -90,28 +95,36 @@ def main(argv: list[str] | None = None, frontend=None) -> int:
         return 130
 
 
-def _to_the_launcher(verb: str, argv: list[str]) -> None:
-    """Python's own entry has the `sandbox` executable run a container (it alone makes
-    container processes): exec'd in our place with the same command line, or, where this
-    installation has none, a line that says how to get one."""
+FROM_PYTHON = "SANDBOX_FROM_PYTHON"  # set for the launcher we exec: it must not run us again for the verb
+
+
+def _to_the_launcher(argv: list[str]) -> str:
+    """Python's own entry has the `sandbox` launcher run a container (it alone makes container
+    processes): exec'd in our place with the same command line. Returns only where there is
+    none to hand it to, with why."""
     from mounts.errors import SandboxError
     from sandbox.executor.build import installed
 
     try:
         launcher = installed()
-    except SandboxError:
-        stderr_line(f"sandbox {verb}: only the `sandbox` executable runs it (python -m "
-                    "sandbox.executor.build PATH writes it; scripts/setup and scripts/install do)")
-        return
+    except SandboxError as e:
+        return str(e)
+    if FROM_PYTHON in os.environ:  # (a launcher older than this code runs Python for the verb: never a loop)
+        return f"{launcher} ran Python for it (a launcher older than this code: scripts/setup builds it anew)"
     for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os.execv(launcher, [launcher, *argv])
+        try:
+            if stream is not None:  # (None: the caller closed that fd)
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    os.execve(launcher, [launcher, *argv], {**os.environ, FROM_PYTHON: "1"})
+    raise AssertionError("unreachable")
 
 
 def run(argv: list[str] | None = None) -> None:
     """main, then exit at once: an engine pays for our teardown on every verb (~7 ms for the
     modules create imports). Everything we write is closed or flushed by then."""
-    code = main(argv)
+    code = main(argv, entry=True)
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:  # (None: the caller closed that fd)

@@ -31,6 +31,9 @@ def installed() -> str:
     from mounts.errors import SandboxError
 
     path = os.path.join(os.path.dirname(sys.executable), "sandbox")
+    if not os.path.isabs(path):  # (an interpreter that does not know where it is: never the cwd's)
+        raise SandboxError(f"the interpreter does not know its own path ({sys.executable!r}): no `sandbox` "
+                           "launcher beside it")
     try:
         with open(path, "rb") as f:
             launcher = f.read(4) == b"\x7fELF" and os.access(path, os.X_OK)

@@ -133,20 +133,70 @@ def test_anything_else_of_cdi_goes_to_argparse(argv):
     assert cdi_hook_args(argv) is None
 
 
-def test_without_a_launcher_python_says_how_to_get_one(monkeypatch, capsys):
-    """Python's own entry (pip's script, python -m sandbox.cli) runs no container itself: it
-    execs the launcher, and where this installation has none, says how to build one."""
+def _python_entry(tmp_path, argv: list[str], launcher: str | None, env: dict | None = None, closed: bool = False):
+    """`python -m sandbox.cli ARGV` as run() runs it, with build.installed() naming
+    ``launcher`` (None: there is none); ``closed``: with its stdout closed."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from mounts.errors import SandboxError; from sandbox.executor import build\n"
+            f"L = {launcher!r}\n"
+            "def installed():\n"
+            "    if L is None: raise SandboxError('no launcher here')\n"
+            "    return L\n"
+            "build.installed = installed\n"
+            "from sandbox.cli import run; run(sys.argv[1:])")
+    shell = ["sh", "-c", 'exec "$@" >&-', "sh"] if closed else []
+    return subprocess.run([*shell, sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, env=env)
+
+
+@pytest.fixture
+def fake_launcher(tmp_path):
+    """A program that says how it was called, in place of the launcher."""
+    path = tmp_path / "fake-launcher"
+    path.write_text('#!/bin/sh\necho "argv: $*" >&2\necho "from python: $SANDBOX_FROM_PYTHON" >&2\nexit 7\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_python_hands_a_run_to_the_launcher(tmp_path, fake_launcher):
+    """Python's own entry runs no container itself: it execs the launcher with the same
+    command line (and its code's exit status is the launcher's), even with stdout closed."""
+    import os
+
+    (tmp_path / "B").mkdir()
+    (tmp_path / "B" / "config.json").write_text("{}")
+    r = _python_entry(tmp_path, ["--root", "R", "run", "--id", "x", "B"], fake_launcher)
+    assert r.returncode == 7 and r.stderr == "argv: --root R run --id x B\nfrom python: 1\n", r.stderr
+    r = _python_entry(tmp_path, ["exec", "x", "true"], fake_launcher, closed=True)
+    assert r.returncode == 7 and "argv: exec x true\n" in r.stderr, r.stderr
+    env = dict(os.environ, SANDBOX_FROM_PYTHON="1")  # a launcher that ran Python for the verb: never again
+    r = _python_entry(tmp_path, ["create", "x"], fake_launcher, env=env)
+    assert r.returncode == 2 and r.stderr == f"sandbox create: only the `sandbox` launcher runs it: {fake_launcher} " \
+        "ran Python for it (a launcher older than this code: scripts/setup builds it anew)\n", r.stderr
+
+
+def test_without_a_launcher_python_says_why(tmp_path):
+    r = _python_entry(tmp_path, ["run", "/nonexistent"], None)
+    assert r.returncode == 2 and r.stderr == "sandbox run: only the `sandbox` launcher runs it: no launcher here\n", \
+        r.stderr
+
+
+def test_an_interpreter_without_its_path_has_no_launcher(monkeypatch, tmp_path):
+    """An interpreter started with a bare argv[0] and no PATH knows no path of its own: the
+    launcher is then never a `sandbox` in the cwd (an engine's cwd is the bundle)."""
+    import sys
+
     from mounts.errors import SandboxError
-    from sandbox import cli
     from sandbox.executor import build
 
-    def none():
-        raise SandboxError("no launcher")
-
-    monkeypatch.setattr(build, "installed", none)
-    assert cli.main(["run", "/nonexistent"]) == 2
-    assert capsys.readouterr().err == "sandbox run: only the `sandbox` executable runs it (python -m " \
-        "sandbox.executor.build PATH writes it; scripts/setup and scripts/install do)\n"
+    monkeypatch.setattr(sys, "executable", "")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sandbox").write_bytes(b"\x7fELF")
+    (tmp_path / "sandbox").chmod(0o755)
+    with pytest.raises(SandboxError, match="does not know its own path"):
+        build.installed()
 
 
 def _from_a_terminal(argv: list[str]):
