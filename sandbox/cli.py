@@ -29,12 +29,11 @@ def main(argv: list[str] | None = None, frontend=None, entry: bool = False) -> i
         return requests.serve_once(main)
     at = flags.verb_index(argv)
     if at is not None and flags.hook_call(argv[at:]) and not {"-h", "--help"} & set(argv) and os.isatty(0):
-        from sandbox.verbs.hook import HOW
+        import importlib
 
-        cdi = argv[at] == "cdi"
-        how = "runc and crun run it with the container's state on stdin, from a CDI spec (`sandbox cdi generate`)"
-        stderr_line(f"sandbox {'cdi hook' if cdi else 'hook'}: the container's state is read on stdin, not from a "
-                    f"terminal: {how if cdi else HOW}")
+        how = importlib.import_module(f"sandbox.verbs.{argv[at]}").HOW  # (hook's or cdi's: where each comes from)
+        stderr_line(f"sandbox {' '.join(argv[at:at + 1 + (argv[at] == 'cdi')])}: the container's state is read on "
+                    f"stdin, not from a terminal: {how}")
         return 2
     flags._ARGV[:] = argv
     args = flags.hook_args(argv) or flags.cdi_hook_args(argv) or flags.lean_args(argv) or flags.parser().parse_args(argv)

@@ -1,10 +1,8 @@
 """``python -m sandbox.launcher PATH [--strip DESTDIR]``: the launcher's build under the name it
-had before sandbox/executor/ (install scripts written then, and the GPU check kit, call it so).
-The build is sandbox/executor/build.py's."""
+had before sandbox/executor/ (install scripts written then, and the GPU check kit, call it so):
+sandbox/executor/build.py run as the program."""
 
 if __name__ == "__main__":
-    import sys
+    import runpy
 
-    from sandbox.executor.build import write_launcher
-
-    write_launcher(sys.argv[1], sys.argv[3] if sys.argv[2:3] == ["--strip"] else "")
+    runpy.run_module("sandbox.executor.build", run_name="__main__", alter_sys=True)

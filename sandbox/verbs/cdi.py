@@ -22,6 +22,8 @@ import msgspec
 from mounts import cdi, cdi_generate
 from mounts.errors import BundleError, SandboxError
 
+HOW = "runc and crun run it with the container's state on stdin, from a CDI spec (`sandbox cdi generate`)"
+
 
 def main(args) -> int:
     if args.action == "generate":

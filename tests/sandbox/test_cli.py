@@ -229,14 +229,16 @@ def test_a_hooks_help_from_a_terminal():
     assert r.returncode == 0 and "usage:" in r.stdout and "install" in r.stdout, r.stderr
 
 
-@pytest.mark.parametrize("argv, name", [(["hook", "--driver-root", "/"], "sandbox hook"),
-                                        (["--debug", "cdi", "hook", "--link", "a::b"], "sandbox cdi hook")])
-def test_a_hooks_call_from_a_terminal_is_refused(argv, name):
+@pytest.mark.parametrize("argv, name, how", [
+    (["hook", "--driver-root", "/"], "sandbox hook", "`sandbox hook install BUNDLE`"),
+    (["--debug", "cdi", "hook", "--link", "a::b"], "sandbox cdi hook", "from a CDI spec (`sandbox cdi generate`)")])
+def test_a_hooks_call_from_a_terminal_is_refused(argv, name, how):
     """A hook's call reads the container's state on stdin: from a terminal it would wait for
-    a typed one; it says so at once instead (the CDI hook's call too)."""
+    a typed one; it says so at once instead, and where such a call comes from (the CDI
+    hook's call too)."""
     r = _from_a_terminal(argv)
     assert r.returncode == 2 and r.stderr.startswith(f"{name}: the container's state is read on stdin, not from a "
-                                                     "terminal"), r.stderr
+                                                     "terminal") and how in r.stderr, r.stderr
 
 
 def test_every_verb_is_read_from_the_table():
