@@ -109,6 +109,9 @@ _unshare.restype = ctypes.c_int
 _setns = _libc.setns
 _setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _setns.restype = ctypes.c_int
+_madvise = _libc.madvise
+_madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_madvise.restype = ctypes.c_int
 
 
 class SyscallError(OSError):
@@ -175,6 +178,13 @@ def inotify_init() -> int:
 def inotify_add(fd: int, path: str) -> None:
     """Watch ``path`` (a directory: its entries too) for IN_CHANGES."""
     _check(_libc.inotify_add_watch(fd, _b(path), IN_CHANGES), "inotify_add_watch", path)
+
+
+MADV_POPULATE_WRITE = 23  # (5.14) fault pages in writable, as a write would: a copy-on-write page is copied
+
+
+def madvise(addr: int, length: int, advice: int) -> None:
+    _check(_madvise(addr, length, advice), "madvise", f"{addr:#x}+{length:#x}")
 
 
 def fdpath(fd: int) -> str:

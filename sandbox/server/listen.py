@@ -60,6 +60,7 @@ from gofer import syscalls as sc
 from sandbox.executor.wire import SOCKET
 from sandbox.server import requests
 from sandbox.server.cache import filter_cache
+from sandbox.server.prefault import QUIET_MS, own_pages
 from sandbox.server.requests import decline, handle
 from sandbox.server.trust import root_only_dir, trusted_peer
 
@@ -521,7 +522,10 @@ def _fork_child(others: list, wake: tuple[int, int], main, conn=None, hand=None)
 
 def _handed(hand):
     """A spare's connection, as the server hands it over; None where the server closed its
-    end instead (it left, or forked a fresher spare)."""
+    end instead (it left, or forked a fresher spare). Waiting, it makes the server's memory
+    its own once the node is likely quiet again (sandbox/server/prefault.py): its request
+    then pays no copy-on-write faults."""
+    import select
     import signal
     import socket
 
@@ -531,6 +535,10 @@ def _handed(hand):
         signal.signal(sig, signal.SIG_DFL)
     name = prctl.get_name()
     prctl.set_name(SPARE)
+    waiting = select.poll()
+    waiting.register(hand, select.POLLIN)
+    if not waiting.poll(QUIET_MS):  # (its request, or the server's EOF, meanwhile: no copy)
+        own_pages(lambda: bool(waiting.poll(0)))
     try:
         _msg, fds, _flags, _addr = socket.recv_fds(hand, 1, 1, socket.MSG_CMSG_CLOEXEC)
     except OSError:

@@ -111,6 +111,35 @@ def test_without_a_server_the_verb_runs_here(server, tmp_path):
     assert r.returncode == 1 and "does not exist" in r.stderr
 
 
+def _dirty(pid: int) -> dict[str, int]:
+    """/proc/PID/smaps_rollup's dirty kB: Private_Dirty, Shared_Dirty."""
+    lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
+    return {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in lines) if k.endswith("_Dirty")}
+
+
+def test_a_spare_owns_its_memory_before_its_request_and_serves_it(server, tmp_path):
+    """A quiet spell after its birth, the spare has copied what it shared with the server
+    (sandbox/server/prefault.py): its dirty pages are its own; then it serves a verb."""
+    from sandbox.server.prefault import QUIET_MS
+
+    path, log, proc = server
+    assert verb(path, "--root", tmp_path / "state", "list").returncode == 0  # (the spare after a request)
+    deadline = time.monotonic() + 10
+    while True:
+        spares = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                 text=True).stdout.split()
+                  if Path(f"/proc/{p}/comm").read_text().strip() == SPARE]
+        dirty = _dirty(spares[0]) if spares else {"Private_Dirty": 0, "Shared_Dirty": 1}
+        if dirty["Private_Dirty"] > 4 * dirty["Shared_Dirty"]:
+            break
+        assert time.monotonic() < deadline, dirty
+        time.sleep(QUIET_MS / 1000)
+    assert dirty["Private_Dirty"] > _dirty(proc.pid)["Private_Dirty"] // 2, (dirty, _dirty(proc.pid))
+    r = verb(path, "--root", tmp_path / "state", "list", "--format", "json")
+    assert (r.returncode, r.stdout.strip()) == (0, "[]"), r.stderr
+    assert len(served_lines(log)) == 2, log.read_text()
+
+
 def test_another_mount_namespace_is_not_served(server, tmp_path):
     """The server declines a caller whose paths may name other files (another mount namespace):
     the launcher then runs the verb itself, in its own namespace."""
