@@ -102,8 +102,13 @@ def _build(path: str, sources: list[str], config: str, defines: tuple[str, ...] 
         header, out = os.path.join(d, "config.h"), os.path.join(d, "program")
         with open(header, "w") as f:
             f.write(f"#ifndef SANDBOX_CONFIG_H\n#define SANDBOX_CONFIG_H\n{c_header()}{config}#endif\n")
-        subprocess.run([cc, "-O2", "-Wall", "-Werror", f'-DSANDBOX_CONFIG="{header}"', *(f"-D{x}" for x in defines),
-                        "-o", out, *(os.path.join(here, s) for s in sources)], check=True)
+        command = [cc, "-O2", "-Wall", "-Werror", f'-DSANDBOX_CONFIG="{header}"', *(f"-D{x}" for x in defines),
+                   "-o", out, *(os.path.join(here, s) for s in sources)]
+        # static (and position-independent: still ASLR), where the C library has its static
+        # archive: no dynamic loader at each of its starts (a verb's, twice for run, create
+        # and exec: scripts/bench numbers in docs/benchmarks.md); else linked as usual
+        if subprocess.run([*command, "-static-pie"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode:
+            subprocess.run(command, check=True)
         with open(out, "rb") as f:
             _install(path, f.read())
 
