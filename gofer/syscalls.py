@@ -187,6 +187,15 @@ def madvise(addr: int, length: int, advice: int) -> None:
     _check(_madvise(addr, length, advice), "madvise", f"{addr:#x}+{length:#x}")
 
 
+def buffer_address(buf) -> int:
+    """Where a writable buffer's (an mmap's) first byte is."""
+    view = ctypes.c_char.from_buffer(buf)
+    try:
+        return ctypes.addressof(view)
+    finally:
+        del view  # (the buffer may be closed again)
+
+
 def fdpath(fd: int) -> str:
     """The magic link through which mount(2) reaches what ``fd`` refers to."""
     return f"/proc/self/fd/{fd}"

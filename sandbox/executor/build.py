@@ -106,8 +106,13 @@ def _build(path: str, sources: list[str], config: str, defines: tuple[str, ...] 
                    "-o", out, *(os.path.join(here, s) for s in sources)]
         # static (and position-independent: still ASLR), where the C library has its static
         # archive: no dynamic loader at each of its starts (a verb's, twice for run, create
-        # and exec: scripts/bench numbers in docs/benchmarks.md); else linked as usual
-        if subprocess.run([*command, "-static-pie"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode:
+        # and exec: docs/benchmarks.md); a link warning (a libc call that would need its
+        # shared parts at run time) refuses it. Else linked as usual, and said so in a line.
+        static = subprocess.run([*command, "-fPIE", "-static-pie", "-Wl,--fatal-warnings"], capture_output=True,
+                                text=True)
+        if static.returncode:
+            why = (static.stderr.strip().splitlines() or ["?"])[-1]
+            print(f"sandbox: the launcher is linked dynamically (no static link: {why})", file=sys.stderr)
             subprocess.run(command, check=True)
         with open(out, "rb") as f:
             _install(path, f.read())
