@@ -11,6 +11,7 @@ from array import array
 import pytest
 
 from gofer import syscalls as sc
+from sandbox.server import prefault
 from sandbox.server.prefault import EXCLUSIVE, FRAME, PAGE, PRESENT, _runs, own_pages, zero_frame
 
 PAGES = 64
@@ -27,12 +28,15 @@ def _entries(addr: int, n: int) -> list[int]:
         os.close(fd)
 
 
-def _in_child(check) -> int:
-    """Run ``check`` in a forked child; its exit code (0: it held)."""
+def _in_child(check, max_copy: int = 1 << 40) -> int:
+    """Run ``check`` in a forked child, with MAX_COPY as given (by default none: a test
+    process may have more than MAX_COPY of its own before the buffer); its exit code (0: it
+    held)."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
+            prefault.MAX_COPY = max_copy
             code = 0 if check() else 2
         finally:
             os._exit(code)
@@ -79,6 +83,17 @@ def test_pages_only_ever_read_are_not_made(buffer):
             and buf[PAGE:] == bytes((PAGES - 1) * PAGE)
 
     assert _in_child(check) == 0
+
+
+@needs_it
+def test_it_copies_max_copy_at_most(buffer):
+    addr, buf = buffer
+    buf.write(b"x" * PAGES * PAGE)
+
+    def check() -> bool:
+        return own_pages(lambda: False) <= 4 + prefault.BATCH  # (checked between batches)
+
+    assert _in_child(check, max_copy=4 * PAGE) == 0
 
 
 @needs_it
