@@ -157,12 +157,16 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
         decline(conn, f"{verb}: {e}", read=False)
         return 0
     _let_go_of_stdio()
+    # our log's line first: once the caller has its answer (and its pipes' end), the line is there
+    line = f"sandbox serve: {verb}: {' '.join(argv)[:300]}: exit {code} in {(time.monotonic() - t) * 1e3:.1f} ms\n"
+    try:
+        os.write(log, line.encode("utf-8", "replace"))
+    except OSError:
+        pass  # (a log that cannot take it: never the verb's failure)
     try:
         conn.sendall(dumps({"code": code}).encode())
     except OSError:
         pass  # (a run's launcher killed while it waited: its container went with it)
-    line = f"sandbox serve: {verb}: {' '.join(argv)[:300]}: exit {code} in {(time.monotonic() - t) * 1e3:.1f} ms\n"
-    os.write(log, line.encode("utf-8", "replace"))
     return 0
 
 
