@@ -9,7 +9,7 @@ import os
 import sys
 
 from sandbox import flags
-from sandbox.messages import log_error, one_line, stderr_line
+from sandbox.messages import flush_stdio, log_error, one_line, stderr_line
 
 TYPE_CHECKING = False  # typing's flag without importing typing (start-up time); mypy reads it as True
 if TYPE_CHECKING:
@@ -110,26 +110,16 @@ def _to_the_launcher(argv: list[str]) -> str:
         return str(e)
     if FROM_PYTHON in os.environ:  # (a launcher older than this code runs Python for the verb: never a loop)
         return f"{launcher} ran Python for it (a launcher older than this code: scripts/setup builds it anew)"
-    _flush()
+    flush_stdio()
     os.execve(launcher, [launcher, *argv], {**os.environ, FROM_PYTHON: "1"})
     raise AssertionError("unreachable")
-
-
-def _flush() -> None:
-    """stdout and stderr flushed, as far as they can be (None: the caller closed that fd)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):
-            pass
 
 
 def run(argv: list[str] | None = None) -> None:
     """main, then exit at once: an engine pays for our teardown on every verb (~7 ms for the
     modules create imports). Everything we write is closed or flushed by then."""
     code = main(argv, entry=True)
-    _flush()
+    flush_stdio()
     os._exit(code)
 
 

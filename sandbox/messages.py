@@ -15,6 +15,16 @@ def stderr_line(line: str) -> None:
         pass
 
 
+def flush_stdio() -> None:
+    """stdout and stderr flushed, as far as they can be (None: the caller closed that fd)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
 def warn(message: str) -> None:
     """A warning line (poststart and poststop hooks, CDI, a cgroup not ours), written as
     errors are: stderr may be /dev/null read-only under an engine's shim."""

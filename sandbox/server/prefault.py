@@ -76,8 +76,6 @@ def own_pages(stop: Callable[[], bool]) -> int:
         for start, end in ranges:
             if end - start <= MAX_COPY:  # (else a reservation: reading its pagemap alone would take long)
                 copied = _own_range(pagemap, start, end, zero, stop, copied)
-            if stop() or copied * PAGE >= MAX_COPY:
-                break
     finally:
         os.close(pagemap)
     return copied

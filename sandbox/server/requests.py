@@ -6,7 +6,6 @@ work itself. The exchange is drawn in sandbox/server/listen.py."""
 from __future__ import annotations
 
 import os
-import sys
 
 from sandbox.executor.wire import MAX_REQUEST, SERVED
 from sandbox.server.trust import sealed, trusted_peer, unpack_cred
@@ -176,11 +175,9 @@ def _let_go_of_stdio() -> None:
     runc's hooks, a shim's verbs; Python's capture) sees that end once the launcher exits,
     not once this process has gone too (the kernel closes a dying process's files after
     tearing down its memory: a served `list` read through pipes 4.6 -> 3.6 ms here)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    from sandbox.messages import flush_stdio
+
+    flush_stdio()
     try:
         null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     except OSError:
