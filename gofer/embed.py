@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from gofer import gpu
 from gofer import syscalls as sc
 from gofer.cgroups import allow_devices
-from gofer.root import Root
+from gofer.root import Root, mount_table
 from mounts.actions import AnyAction, Device, ProcFs
 from mounts.errors import SandboxError
 
@@ -120,28 +120,31 @@ def apply_plan(actions: Iterable[AnyAction], rootfs: str, pid: int | None = None
 
 
 def _apply(actions: list[AnyAction], rootfs: str, pid: int | None) -> int:
-    undo_devices = None
+    grant = None
     if pid is not None:
-        undo_devices = allow_devices(pid, [(a.major, a.minor) for a in actions if isinstance(a, Device)])
+        grant = allow_devices(pid, [(a.major, a.minor) for a in actions if isinstance(a, Device)])
         try:
             join_mount_namespace(pid)
         except BaseException:
-            if undo_devices is not None:
-                undo_devices()
+            if grant is not None:
+                grant.undo()
             raise
     root = Root(rootfs)
     n = 0
     try:
-        root.adopt_tmpfs("/dev")
-        root.prepare([a.target for a in actions if not isinstance(a, ProcFs)])
+        table = mount_table()  # (one reading for both: neither mounts before the overlays)
+        root.adopt_tmpfs("/dev", table)
+        root.prepare([a.target for a in actions if not isinstance(a, ProcFs)], table)
         for action in actions:
             gpu.apply(root, action)
             n += 1
     except BaseException:
         root.undo()
-        if undo_devices is not None:  # (the host's cgroupfs: reached from here by path)
-            undo_devices()
+        if grant is not None:  # (its fds, opened before we joined the container's mount namespace)
+            grant.undo()
         raise
     finally:
         root.close()
+    if grant is not None:
+        grant.release()
     return n

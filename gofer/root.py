@@ -22,6 +22,7 @@ import errno
 import os
 import re
 import stat
+from typing import NamedTuple
 
 from gofer import syscalls as sc
 from mounts.errors import MountError
@@ -48,15 +49,34 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def _mounts_below(host_dir: str) -> list[str]:
-    """Mount points strictly below ``host_dir`` in our namespace, outermost only, in the
-    order they were mounted (mountinfo's): put back in that order they keep it, as the
-    spec's mounts list wants."""
-    prefix = host_dir.rstrip("/") + "/"
+class Mount(NamedTuple):
+    """A line of our namespace's mountinfo (the fields we use)."""
+
+    id: str
+    root: str  # what of its filesystem is mounted ("/": the whole of it)
+    point: str
+    options: str  # the mount's own (ro, nosuid, ...)
+    fstype: str
+
+
+def mount_table() -> list[Mount]:
+    """Our namespace's mounts, in the order they were mounted (mountinfo's)."""
+    out = []
     with open(sc.open_proc("self/mountinfo", os.O_RDONLY)) as f:  # (ours, whatever /proc is here)
-        points = [_unescape(line.split(" ", 5)[4]) for line in f]
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields = left.split(" ", 6)
+            out.append(Mount(fields[0], _unescape(fields[3]), _unescape(fields[4]), fields[5], right.split(" ", 1)[0]))
+    return out
+
+
+def _mounts_below(host_dir: str, table: list[Mount]) -> list[str]:
+    """Mount points strictly below ``host_dir`` in ``table``, outermost only, in the order
+    they were mounted: put back in that order they keep it, as the spec's mounts list wants."""
+    prefix = host_dir.rstrip("/") + "/"
     out: list[str] = []
-    for mp in points:
+    for m in table:
+        mp = m.point
         if mp.startswith(prefix) and mp not in out and not any(mp.startswith(o + "/") for o in out):
             out.append(mp)
     return out
@@ -183,42 +203,54 @@ class Root:
             for fd in stack:
                 os.close(fd)
 
-    def prepare(self, unsafe_paths: list[str]) -> None:
+    def prepare(self, unsafe_paths: list[str], table: list[Mount] | None = None) -> None:
         """For an embedded root, which knows every target before it starts: overlay now each
         image directory that will need a new entry, parents first. Else a parent overlaid
         later (/usr/lib for the firmware, after /usr/lib/x86_64-linux-gnu for the libraries)
         hides the child's overlay and every bind in it, which are then cloned back on top:
-        twice the mounts for the same files."""
+        twice the mounts for the same files. ``table``: our mounts as they are now, if read
+        already (the overlays made here never lie below one another, so one reading serves
+        them all)."""
+        heads: dict[str, tuple[int, str] | None] = {}  # head -> (fd, real path), None: not a directory there
         wanted: dict[str, tuple[int, str]] = {}  # real path -> (fd, unsafe path)
-        for path in unsafe_paths:
-            parts = [p for p in path.split("/") if p not in ("", ".")]
-            for depth in range(len(parts) - 1, -1, -1):
-                head = "/" + "/".join(parts[:depth])
-                try:
-                    fd = self.open(head, O_PATH_DIR)
-                except OSError:
-                    continue  # missing (or not a directory: the action will say so)
-                if depth == len(parts) - 1 and parts and _is_plain(fd, parts[-1]):
-                    os.close(fd)  # the target is there already: nothing to add in its parent
+        try:
+            for path in unsafe_paths:
+                parts = [p for p in path.split("/") if p not in ("", ".")]
+                for depth in range(len(parts) - 1, -1, -1):
+                    head = "/" + "/".join(parts[:depth])
+                    if head not in heads:
+                        try:
+                            fd = self.open(head, O_PATH_DIR)
+                        except OSError:
+                            heads[head] = None  # missing (or not a directory: the action will say so)
+                        else:
+                            heads[head] = (fd, os.readlink(sc.fdpath(fd)))
+                    opened = heads[head]
+                    if opened is None:
+                        continue
+                    fd, real = opened
+                    if depth == len(parts) - 1 and parts and _is_plain(fd, parts[-1]):
+                        break  # the target is there already: nothing to add in its parent
+                    wanted.setdefault(real, (fd, head))
                     break
-                real = os.readlink(sc.fdpath(fd))
-                if real in wanted:
-                    os.close(fd)
-                else:
-                    wanted[real] = (fd, head)
-                break
-        chosen: list[str] = []
-        for real in sorted(wanted, key=lambda r: r.count("/")):
-            fd, head = wanted[real]
-            if not any(real.startswith(c.rstrip("/") + "/") for c in chosen):
-                chosen.append(real)
-                self.writable(fd, head)
-            os.close(fd)
+            chosen: list[str] = []
+            for real in sorted(wanted, key=lambda r: r.count("/")):
+                fd, head = wanted[real]
+                if not any(real.startswith(c.rstrip("/") + "/") for c in chosen):
+                    chosen.append(real)
+                    if table is None:
+                        table = mount_table()
+                    self.writable(fd, head, table)
+        finally:
+            for opened in heads.values():
+                if opened is not None:
+                    os.close(opened[0])
 
-    def adopt_tmpfs(self, unsafe_path: str) -> None:
+    def adopt_tmpfs(self, unsafe_path: str, table: list[Mount] | None = None) -> None:
         """Write directly into the directory ``unsafe_path`` if it is a whole tmpfs mounted
         there by the container's runtime (runc's /dev): it is the container's own, not the
-        image, and an overlay would hide its devpts, shm and mqueue."""
+        image, and an overlay would hide its devpts, shm and mqueue. ``table``: our mounts,
+        if read already."""
         try:
             fd = self.open(unsafe_path, O_PATH_DIR)
         except OSError:
@@ -227,15 +259,11 @@ class Root:
             with open(sc.open_proc(f"self/fdinfo/{fd}", os.O_RDONLY)) as f:
                 mnt_id = next(line.split()[1] for line in f if line.startswith("mnt_id:"))
             real = os.readlink(sc.fdpath(fd))
-            with open(sc.open_proc("self/mountinfo", os.O_RDONLY)) as f:
-                for line in f:
-                    left, _, right = line.partition(" - ")
-                    fields = left.split()
-                    if fields[0] == mnt_id:
-                        if right.split()[0] == "tmpfs" and fields[3] == "/" and _unescape(fields[4]) == real \
-                                and "ro" not in fields[5].split(","):
-                            self.mark_writable(fd)
-                        break
+            for m in table if table is not None else mount_table():
+                if m.id == mnt_id:
+                    if m.fstype == "tmpfs" and m.root == "/" and m.point == real and "ro" not in m.options.split(","):
+                        self.mark_writable(fd)
+                    break
         finally:
             os.close(fd)
 
@@ -248,9 +276,10 @@ class Root:
             self._scratch = sc.fsmount("tmpfs", {"mode": "0700", "size": self.scratch_size})
         return self._scratch
 
-    def writable(self, dirfd: int, unsafe_path: str) -> int:
+    def writable(self, dirfd: int, unsafe_path: str, table: list[Mount] | None = None) -> int:
         """An fd for the directory ``dirfd`` in which entries can be created without
-        touching the image: itself if it is on a writable fs, else its private overlay."""
+        touching the image: itself if it is on a writable fs, else its private overlay.
+        ``table``: our mounts as they are now, if read already."""
         st = os.fstat(dirfd)
         key = (st.st_dev, st.st_ino)
         if key in self.overlays:
@@ -276,7 +305,7 @@ class Root:
         host_dir = os.readlink(sc.fdpath(dirfd))
         below = [(mp[len(host_dir):].lstrip("/"),
                   sc.open_tree(AT_FDCWD, mp, sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_RECURSIVE))
-                 for mp in _mounts_below(host_dir)]
+                 for mp in _mounts_below(host_dir, mount_table() if table is None else table)]
         try:
             ov = sc.fsmount("overlay", {
                 "lowerdir": sc.fdpath(lower),

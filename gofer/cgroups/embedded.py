@@ -4,18 +4,39 @@ to its device rules, and a way to undo that."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from gofer.cgroups.common import ROOT, own_cgroups, own_unified, unified
 from gofer.devfilter import Rule
 from mounts.errors import MountError
 
 
-def allow_devices(pid: int, nodes: list[tuple[int, int]]):
+class Grant:
+    """GPU nodes allowed in a container's cgroup: ``undo()`` takes them back (a setup that
+    failed afterwards), ``release()`` keeps them and closes the fds undoing would have used
+    (a long-lived caller of sandbox.api would otherwise hold them for good)."""
+
+    def __init__(self, undo: Callable[[], None], fds: list[int]):
+        self._undo, self._fds = undo, fds
+
+    def undo(self) -> None:
+        try:
+            self._undo()
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)
+
+
+def allow_devices(pid: int, nodes: list[tuple[int, int]]) -> Grant | None:
     """Allow read/write/mknod of each (major, minor) char device for ``pid``'s cgroup, which
     another runtime made: in its v1 devices controller, or on v2 by putting our rules in
     front of each device program attached to it (a program of ours alone could not widen
-    what theirs allows: every program attached must allow a request). Returns what undoes
-    it (for a hook that fails afterwards), or None where nothing was changed."""
+    what theirs allows: every program attached must allow a request). None where nothing
+    was changed."""
     if not nodes:
         return None
     rules = [Rule(True, "c", major, minor) for major, minor in nodes]
@@ -39,8 +60,6 @@ def allow_devices(pid: int, nodes: list[tuple[int, int]]):
                 os.write(fd, line.encode())
         except OSError as e:
             raise MountError(directory, f"cannot change the GPU devices' rules: {e.strerror}") from None
-        finally:
-            os.close(fd)
 
     with open(os.path.join(directory, "devices.list")) as f:
         had = [line.split() for line in f.read().splitlines()]
@@ -53,16 +72,20 @@ def allow_devices(pid: int, nodes: list[tuple[int, int]]):
         return None
     deny = opened("devices.deny")  # now: past joining the container's mount namespace, no path leads here
     try:
-        write(opened("devices.allow"), added)
+        allow = opened("devices.allow")
+        try:
+            write(allow, added)
+        finally:
+            os.close(allow)
     except BaseException:
         os.close(deny)
         raise
-    return lambda: write(deny, added)
+    return Grant(lambda: write(deny, added), [deny])
 
 
-def _allow_v2(directory: str, rules: list[Rule]):
-    """Replace each device program attached to ``directory`` by ours-then-theirs; returns
-    what puts theirs back."""
+def _allow_v2(directory: str, rules: list[Rule]) -> Grant | None:
+    """Replace each device program attached to ``directory`` by ours-then-theirs; undone,
+    theirs are put back."""
     from gofer import syscalls as sc
     from gofer.devfilter import allow_first
 
@@ -70,30 +93,30 @@ def _allow_v2(directory: str, rules: list[Rule]):
         cg = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
         raise MountError(directory, f"cannot open the container's cgroup: {e.strerror}") from None
-    swapped: list[tuple[int, int]] = []  # (their program, ours), both held until undone
+    swapped: list[tuple[int, int]] = []  # (their program, ours), both held until undone or released
+    flags = 0
     try:
         flags, ids = sc.bpf_prog_query(cg, directory)
         for prog_id in ids:
             old, insns = sc.bpf_prog_instructions(prog_id, directory)
+            new = -1
             try:
                 new = sc.bpf_prog_load_device(allow_first(rules, insns), f"GPU device rules of {directory}")
+                _swap(cg, flags, new, old, directory)
             except BaseException:
-                os.close(old)
+                for fd in (old, new):
+                    if fd >= 0:
+                        os.close(fd)
                 raise
-            _swap(cg, flags, new, old, directory)
             swapped.append((old, new))
     except OSError as e:
         _put_back(cg, flags, swapped, directory)
-        os.close(cg)
+        _close(cg, swapped)
         raise MountError(directory, f"cannot allow GPU devices: {e}") from None
     if not swapped:
         os.close(cg)
         return None
-
-    def undo() -> None:
-        _put_back(cg, flags, swapped, directory)
-        os.close(cg)
-    return undo
+    return Grant(lambda: _put_back(cg, flags, swapped, directory), [cg, *(fd for pair in swapped for fd in pair)])
 
 
 def _swap(cg: int, flags: int, new: int, old: int, directory: str) -> None:
@@ -111,7 +134,8 @@ def _put_back(cg: int, flags: int, swapped: list[tuple[int, int]], directory: st
             _swap(cg, flags, old, new, directory)
         except OSError:
             pass  # the cgroup went with its container
-        finally:
-            os.close(old)
-            os.close(new)
-    swapped.clear()
+
+
+def _close(cg: int, swapped: list[tuple[int, int]]) -> None:
+    for fd in (cg, *(fd for pair in swapped for fd in pair)):
+        os.close(fd)

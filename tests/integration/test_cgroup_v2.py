@@ -149,6 +149,38 @@ def test_hook_adds_the_gpu_nodes_to_runcs_program(make_bundle, driver_root, tmp_
     assert r.stderr.count("No such device or address") == 2, r.stderr
 
 
+GRANT = """
+import os, sys
+from gofer import syscalls as sc
+from gofer.cgroups import allow_devices
+pid, cgroup, end = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+cg = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+theirs = sc.bpf_prog_query(cg)[1]
+fds = sorted(os.listdir("/proc/self/fd"))
+grant = allow_devices(pid, [(195, 0)])
+ours = sc.bpf_prog_query(cg)[1]
+getattr(grant, end)()
+print(len(theirs), ours != theirs, sc.bpf_prog_query(cg)[1] == (theirs if end == "undo" else ours),
+      sorted(os.listdir("/proc/self/fd")) == fds)
+"""
+
+
+@pytest.mark.parametrize("end,opens", [("undo", "Operation not permitted"), ("release", "No such device or address")])
+def test_the_gpu_nodes_program_is_put_back_or_kept(make_bundle, tmp_path, end, opens):
+    """The embedded setup's device grant on v2 (sandbox.api, the hook): undone, runc's own
+    program is attached again and the node is denied; released, ours stays (the node opens:
+    ENXIO, no driver). Either way none of the programs' or the cgroup's fds stays open."""
+    bundle, path = _mknod_bundle(make_bundle, "sleep 30")
+    runc = f"runc --root {tmp_path}/runc"
+    r = in_v2_view(f"{runc} run -d -b {bundle} v2g </dev/null >/dev/null 2>&1 && "
+                   f"pid=$({runc} state v2g | {sys.executable} -c 'import json,sys; print(json.load(sys.stdin)[\"pid\"])') && "
+                   f"{sys.executable} -c '{GRANT}' $pid /sys/fs/cgroup{path} {end} && "
+                   f"{runc} exec v2g sh -c 'mknod /dev/nvidia0 c 195 0 && head -c 1 /dev/nvidia0'; "
+                   f"{runc} delete -f v2g; test -e /sys/fs/cgroup{path} && echo LEFT; true")
+    assert r.stdout.split() == ["1", "True", "True", "True"], (r.stdout, r.stderr)
+    assert opens in r.stderr, r.stderr
+
+
 def test_without_the_hook_runc_denies_the_gpu_nodes(make_bundle, driver_root, tmp_path):
     """The control for the test above: the same nodes bound in by hand, no hook, are denied."""
     bundle, path = _mknod_bundle(make_bundle, GPU)

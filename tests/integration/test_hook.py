@@ -242,9 +242,12 @@ def test_hook_makes_no_redundant_mounts(runtime, make_bundle, driver_root, tmp_p
     assert len(added) == len(files) + 1 + len(overlays), added  # + the ld.so.cache bind
 
 
-def test_device_rules_added_for_the_gpu_nodes_can_be_put_back(make_bundle, tmp_path):
-    """What apply_plan undoes when a mount fails after the GPU nodes were allowed (the hook's
-    and the API's error path): the container's rules are as they were, the new ones gone."""
+@pytest.mark.parametrize("end", ["undo", "release"])
+def test_device_rules_added_for_the_gpu_nodes_are_put_back_or_kept(make_bundle, tmp_path, end):
+    """What apply_plan does with the GPU nodes it allowed: undone when a mount fails afterwards
+    (the hook's and the API's error path: the container's rules as they were, the new ones
+    gone), kept once the setup is done. Either way no fd of the cgroup's stays open (a
+    long-lived caller of sandbox.api sets up many containers)."""
     from gofer.cgroups import allow_devices
 
     bundle = make_bundle(["sleep", "30"])
@@ -258,13 +261,15 @@ def test_device_rules_added_for_the_gpu_nodes_can_be_put_back(make_bundle, tmp_p
         rules = f"/sys/fs/cgroup/devices{devices}/devices.list"
         with open(rules) as f:
             before = f.read()
-        undo = allow_devices(state["pid"], [(195, 0), (195, 255)])
+        fds = sorted(os.listdir("/proc/self/fd"))
+        grant = allow_devices(state["pid"], [(195, 0), (195, 255)])
         with open(rules) as f:
             during = f.read()
         assert "c 195:0 rwm" in during and "c 195:255 rwm" in during and "c 195:0" not in before
-        undo()
+        getattr(grant, end)()
+        assert sorted(os.listdir("/proc/self/fd")) == fds
         with open(rules) as f:
-            assert f.read() == before
+            assert f.read() == (before if end == "undo" else during)
     finally:
         subprocess.run(["runc", "--root", str(tmp_path / "runc"), "delete", "--force", "undo1"], timeout=60)
 
