@@ -59,15 +59,18 @@ class Mount(NamedTuple):
     fstype: str
 
 
+def parse_mountinfo(line: str) -> Mount:
+    """One line of /proc/PID/mountinfo: id, parent, dev, root, point, options, optional
+    fields (none or more), "-", fs type, source, superblock options."""
+    left, _, right = line.partition(" - ")
+    fields = left.split(" ", 6)
+    return Mount(fields[0], _unescape(fields[3]), _unescape(fields[4]), fields[5], right.split(" ", 1)[0])
+
+
 def mount_table() -> list[Mount]:
     """Our namespace's mounts, in the order they were mounted (mountinfo's)."""
-    out = []
     with open(sc.open_proc("self/mountinfo", os.O_RDONLY)) as f:  # (ours, whatever /proc is here)
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields = left.split(" ", 6)
-            out.append(Mount(fields[0], _unescape(fields[3]), _unescape(fields[4]), fields[5], right.split(" ", 1)[0]))
-    return out
+        return [parse_mountinfo(line) for line in f]
 
 
 def _mounts_below(host_dir: str, table: list[Mount]) -> list[str]:
