@@ -129,9 +129,10 @@ def _apply(actions: list[AnyAction], rootfs: str, pid: int | None) -> int:
             if grant is not None:
                 grant.undo()
             raise
-    root = Root(rootfs)
+    root = None
     n = 0
     try:
+        root = Root(rootfs)
         table = mount_table()  # (one reading for both: neither mounts before the overlays)
         root.adopt_tmpfs("/dev", table)
         root.prepare([a.target for a in actions if not isinstance(a, ProcFs)], table)
@@ -139,12 +140,18 @@ def _apply(actions: list[AnyAction], rootfs: str, pid: int | None) -> int:
             gpu.apply(root, action)
             n += 1
     except BaseException:
-        root.undo()
+        if root is not None:
+            root.undo()
         if grant is not None:  # (its fds, opened before we joined the container's mount namespace)
-            grant.undo()
+            try:
+                grant.undo()
+            except SandboxError:
+                pass  # (the error to report is the first; the container is refused with it)
         raise
+    else:
+        if grant is not None:
+            grant.release()
     finally:
-        root.close()
-    if grant is not None:
-        grant.release()
+        if root is not None:
+            root.close()
     return n

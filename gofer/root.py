@@ -22,6 +22,7 @@ import errno
 import os
 import re
 import stat
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from gofer import syscalls as sc
@@ -80,9 +81,21 @@ def _mounts_below(host_dir: str, table: list[Mount]) -> list[str]:
     out: list[str] = []
     for m in table:
         mp = m.point
-        if mp.startswith(prefix) and mp not in out and not any(mp.startswith(o + "/") for o in out):
-            out.append(mp)
+        if not mp.startswith(prefix) or any(mp == o or mp.startswith(o + "/") for o in out):
+            continue  # (below or on one listed: its tree's clone takes it along)
+        out = [o for o in out if not o.startswith(mp + "/")]  # covered by this later one: hidden, not put back
+        out.append(mp)
     return out
+
+
+def outermost(paths: Iterable[str]) -> list[str]:
+    """Those of the absolute ``paths`` below none of the others, parents first ("/" alone
+    where it is one of them)."""
+    chosen: list[str] = []
+    for path in sorted(paths, key=lambda p: len([part for part in p.split("/") if part])):
+        if path not in chosen and not any(path.startswith(c.rstrip("/") + "/") for c in chosen):
+            chosen.append(path)
+    return chosen
 
 
 def _is_plain(dirfd: int, name: str) -> bool:
@@ -213,7 +226,8 @@ class Root:
         hides the child's overlay and every bind in it, which are then cloned back on top:
         twice the mounts for the same files. ``table``: our mounts as they are now, if read
         already (the overlays made here never lie below one another, so one reading serves
-        them all)."""
+        them all; a mount propagated into the container's namespace meanwhile, from a peer
+        of a shared rootfs, is not put back on top: runc's rootfs is rslave or rprivate)."""
         heads: dict[str, tuple[int, str] | None] = {}  # head -> (fd, real path), None: not a directory there
         wanted: dict[str, tuple[int, str]] = {}  # real path -> (fd, unsafe path)
         try:
@@ -227,6 +241,7 @@ class Root:
                         except OSError:
                             heads[head] = None  # missing (or not a directory: the action will say so)
                         else:
+                            heads[head] = (fd, "")  # (owned here from now on)
                             heads[head] = (fd, os.readlink(sc.fdpath(fd)))
                     opened = heads[head]
                     if opened is None:
@@ -236,14 +251,11 @@ class Root:
                         break  # the target is there already: nothing to add in its parent
                     wanted.setdefault(real, (fd, head))
                     break
-            chosen: list[str] = []
-            for real in sorted(wanted, key=lambda r: r.count("/")):
+            for real in outermost(wanted):
                 fd, head = wanted[real]
-                if not any(real.startswith(c.rstrip("/") + "/") for c in chosen):
-                    chosen.append(real)
-                    if table is None:
-                        table = mount_table()
-                    self.writable(fd, head, table)
+                if table is None:
+                    table = mount_table()
+                self.writable(fd, head, table)
         finally:
             for opened in heads.values():
                 if opened is not None:
@@ -306,16 +318,19 @@ class Root:
         # An overlay on a directory hides every mount below it (an earlier overlay, /dev,
         # /proc ...): clone those subtrees first and put them back on top afterwards.
         host_dir = os.readlink(sc.fdpath(dirfd))
-        below = [(mp[len(host_dir):].lstrip("/"),
-                  sc.open_tree(AT_FDCWD, mp, sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_RECURSIVE))
-                 for mp in _mounts_below(host_dir, mount_table() if table is None else table)]
+        below: list[tuple[str, int]] = []
+        ov, attached = -1, False
         try:
+            for mp in _mounts_below(host_dir, mount_table() if table is None else table):
+                below.append((mp[len(host_dir):].lstrip("/"),
+                              sc.open_tree(AT_FDCWD, mp, sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC | sc.AT_RECURSIVE)))
             ov = sc.fsmount("overlay", {
                 "lowerdir": sc.fdpath(lower),
                 "upperdir": f"{sc.fdpath(s)}/o{n}/upper",
                 "workdir": f"{sc.fdpath(s)}/o{n}/work",
             })
             sc.move_mount(ov, dirfd, what=f"overlay on {unsafe_path}")
+            attached = True
             for rel, tree in below:
                 target = sc.openat2(ov, rel, os.O_PATH | os.O_NOFOLLOW, sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_SYMLINKS,
                                     what=f"{unsafe_path}/{rel}")
@@ -323,8 +338,17 @@ class Root:
                     sc.move_mount(tree, target, what=f"back onto {unsafe_path}/{rel}")
                 finally:
                     os.close(target)
-        except OSError as e:
-            raise MountError(unsafe_path, f"cannot overlay the image directory: {e}") from None
+        except BaseException as e:
+            if attached:  # (with whatever was put back on it: the mounts under it are seen again)
+                try:
+                    sc.umount2(sc.fdpath(ov), sc.MNT_DETACH)
+                except OSError:
+                    pass
+            if ov >= 0:
+                os.close(ov)
+            if isinstance(e, OSError):
+                raise MountError(unsafe_path, f"cannot overlay the image directory: {e}") from None
+            raise
         finally:
             for _rel, tree in below:
                 os.close(tree)

@@ -20,15 +20,20 @@ class Grant:
         self._undo, self._fds = undo, fds
 
     def undo(self) -> None:
+        undo, self._undo = self._undo, _nothing  # (once: never again through fds closed since)
         try:
-            self._undo()
+            undo()
         finally:
             self.release()
 
     def release(self) -> None:
-        fds, self._fds = self._fds, []
+        fds, self._fds, self._undo = self._fds, [], _nothing
         for fd in fds:
             os.close(fd)
+
+
+def _nothing() -> None:
+    pass
 
 
 def allow_devices(pid: int, nodes: list[tuple[int, int]]) -> Grant | None:
@@ -109,10 +114,12 @@ def _allow_v2(directory: str, rules: list[Rule]) -> Grant | None:
                         os.close(fd)
                 raise
             swapped.append((old, new))
-    except OSError as e:
+    except BaseException as e:
         _put_back(cg, flags, swapped, directory)
         _close(cg, swapped)
-        raise MountError(directory, f"cannot allow GPU devices: {e}") from None
+        if isinstance(e, OSError):
+            raise MountError(directory, f"cannot allow GPU devices: {e}") from None
+        raise
     if not swapped:
         os.close(cg)
         return None

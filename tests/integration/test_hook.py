@@ -270,8 +270,69 @@ def test_device_rules_added_for_the_gpu_nodes_are_put_back_or_kept(make_bundle, 
         assert sorted(os.listdir("/proc/self/fd")) == fds
         with open(rules) as f:
             assert f.read() == (before if end == "undo" else during)
+        # once done, never again: a later undo would write through fd numbers since reused
+        with open(tmp_path / "reused", "w"):
+            grant.undo()
+            grant.release()
+        assert (tmp_path / "reused").read_text() == ""
+        with open(rules) as f:
+            assert f.read() == (before if end == "undo" else during)
     finally:
         subprocess.run(["runc", "--root", str(tmp_path / "runc"), "delete", "--force", "undo1"], timeout=60)
+
+
+def test_a_rootfs_that_cannot_be_opened_takes_the_device_rules_back(make_bundle, tmp_path):
+    """apply_plan fails after the GPU nodes were allowed and the container's namespace was
+    joined (its rootfs is not there): the rules are as before, and no fd of the grant stays
+    open in the caller (a forked child here: it joins the container's namespace)."""
+    from gofer import syscalls as sc
+    from mounts.actions import Device
+    from sandbox.api import apply_plan
+
+    bundle = make_bundle(["sleep", "30"])
+    runc = ["runc", "--root", str(tmp_path / "runc")]
+    subprocess.run([*runc, "run", "-d", "-b", str(bundle), "noroot1"], check=True, stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    try:
+        pid = json.loads(subprocess.run([*runc, "state", "noroot1"], check=True, capture_output=True,
+                                        text=True).stdout)["pid"]
+        with open(f"/proc/{pid}/cgroup") as f:
+            devices = next(line.split(":", 2)[2].strip() for line in f if ":devices:" in line)
+        rules = f"/sys/fs/cgroup/devices{devices}/devices.list"
+        with open(rules) as f:
+            before = f.read()
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:
+            try:
+                def open_fds() -> list[str]:
+                    fd = os.open("self/fd", os.O_RDONLY | os.O_DIRECTORY, dir_fd=sc.PROC)  # (the host's procfs)
+                    try:
+                        return sorted(set(os.listdir(fd)) - {str(fd)})
+                    finally:
+                        os.close(fd)
+
+                fds = open_fds()
+                try:
+                    apply_plan([Device(source="/dev/null", target="/dev/nvidia0", major=195,
+                                       minor=0)], "/no/such/rootfs", pid=pid)
+                    out = "applied"
+                except OSError as e:
+                    out = f"{type(e).__name__} {open_fds() == fds or (fds, open_fds())}"
+                os.write(w, out.encode())
+            except BaseException as e:
+                os.write(w, repr(e).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        got = os.read(r, 200).decode()
+        os.close(r)
+        os.waitpid(child, 0)
+        assert got == "FileNotFoundError True", got
+        with open(rules) as f:
+            assert f.read() == before
+    finally:
+        subprocess.run([*runc, "delete", "--force", "noroot1"], timeout=60)
 
 
 @pytest.mark.parametrize("rule", [{"allow": True, "access": "rwm"},
