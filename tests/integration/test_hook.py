@@ -242,6 +242,18 @@ def test_hook_makes_no_redundant_mounts(runtime, make_bundle, driver_root, tmp_p
     assert len(added) == len(files) + 1 + len(overlays), added  # + the ld.so.cache bind
 
 
+def _detached(bundle, tmp_path, name: str) -> tuple[list[str], int, str]:
+    """runc running ``bundle`` detached as ``name``: (runc's command, the init's pid, the
+    path of its v1 devices.list)."""
+    runc = ["runc", "--root", str(tmp_path / "runc")]
+    subprocess.run([*runc, "run", "-d", "-b", str(bundle), name], check=True, stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    pid = json.loads(subprocess.run([*runc, "state", name], check=True, capture_output=True, text=True).stdout)["pid"]
+    with open(f"/proc/{pid}/cgroup") as f:
+        devices = next(line.split(":", 2)[2].strip() for line in f if ":devices:" in line)
+    return runc, pid, f"/sys/fs/cgroup/devices{devices}/devices.list"
+
+
 @pytest.mark.parametrize("end", ["undo", "release"])
 def test_device_rules_added_for_the_gpu_nodes_are_put_back_or_kept(make_bundle, tmp_path, end):
     """What apply_plan does with the GPU nodes it allowed: undone when a mount fails afterwards
@@ -250,19 +262,12 @@ def test_device_rules_added_for_the_gpu_nodes_are_put_back_or_kept(make_bundle, 
     long-lived caller of sandbox.api sets up many containers)."""
     from gofer.cgroups import allow_devices
 
-    bundle = make_bundle(["sleep", "30"])
-    subprocess.run(["runc", "--root", str(tmp_path / "runc"), "run", "-d", "-b", str(bundle), "undo1"], check=True,
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    runc, pid, rules = _detached(make_bundle(["sleep", "30"]), tmp_path, "undo1")
     try:
-        state = json.loads(subprocess.run(["runc", "--root", str(tmp_path / "runc"), "state", "undo1"], check=True,
-                                          capture_output=True, text=True).stdout)
-        with open(f"/proc/{state['pid']}/cgroup") as f:
-            devices = next(line.split(":", 2)[2].strip() for line in f if ":devices:" in line)
-        rules = f"/sys/fs/cgroup/devices{devices}/devices.list"
         with open(rules) as f:
             before = f.read()
         fds = sorted(os.listdir("/proc/self/fd"))
-        grant = allow_devices(state["pid"], [(195, 0), (195, 255)])
+        grant = allow_devices(pid, [(195, 0), (195, 255)])
         with open(rules) as f:
             during = f.read()
         assert "c 195:0 rwm" in during and "c 195:255 rwm" in during and "c 195:0" not in before
@@ -278,7 +283,7 @@ def test_device_rules_added_for_the_gpu_nodes_are_put_back_or_kept(make_bundle, 
         with open(rules) as f:
             assert f.read() == (before if end == "undo" else during)
     finally:
-        subprocess.run(["runc", "--root", str(tmp_path / "runc"), "delete", "--force", "undo1"], timeout=60)
+        subprocess.run([*runc, "delete", "--force", "undo1"], timeout=60)
 
 
 def test_a_rootfs_that_cannot_be_opened_takes_the_device_rules_back(make_bundle, tmp_path):
@@ -289,16 +294,8 @@ def test_a_rootfs_that_cannot_be_opened_takes_the_device_rules_back(make_bundle,
     from mounts.actions import Device
     from sandbox.api import apply_plan
 
-    bundle = make_bundle(["sleep", "30"])
-    runc = ["runc", "--root", str(tmp_path / "runc")]
-    subprocess.run([*runc, "run", "-d", "-b", str(bundle), "noroot1"], check=True, stdin=subprocess.DEVNULL,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    runc, pid, rules = _detached(make_bundle(["sleep", "30"]), tmp_path, "noroot1")
     try:
-        pid = json.loads(subprocess.run([*runc, "state", "noroot1"], check=True, capture_output=True,
-                                        text=True).stdout)["pid"]
-        with open(f"/proc/{pid}/cgroup") as f:
-            devices = next(line.split(":", 2)[2].strip() for line in f if ":devices:" in line)
-        rules = f"/sys/fs/cgroup/devices{devices}/devices.list"
         with open(rules) as f:
             before = f.read()
         r, w = os.pipe()
@@ -346,18 +343,12 @@ def test_device_rules_that_allow_the_gpu_nodes_already_are_left_alone(make_bundl
     spec = json.loads((bundle / "config.json").read_text())
     spec["linux"].setdefault("resources", {})["devices"] = [{"allow": False, "access": "rwm"}, rule]
     (bundle / "config.json").write_text(json.dumps(spec))
-    runc = ["runc", "--root", str(tmp_path / "runc")]
-    subprocess.run([*runc, "run", "-d", "-b", str(bundle), "keep1"], check=True, stdin=subprocess.DEVNULL,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    runc, pid, rules = _detached(bundle, tmp_path, "keep1")
     try:
-        pid = json.loads(subprocess.run([*runc, "state", "keep1"], check=True, capture_output=True,
-                                        text=True).stdout)["pid"]
-        with open(f"/proc/{pid}/cgroup") as f:
-            devices = next(line.split(":", 2)[2].strip() for line in f if ":devices:" in line)
-        with open(f"/sys/fs/cgroup/devices{devices}/devices.list") as f:
+        with open(rules) as f:
             before = f.read()
         assert allow_devices(pid, [(195, 0), (195, 255)]) is None
-        with open(f"/sys/fs/cgroup/devices{devices}/devices.list") as f:
+        with open(rules) as f:
             assert f.read() == before
     finally:
         subprocess.run([*runc, "delete", "--force", "keep1"], timeout=60)
