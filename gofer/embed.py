@@ -120,18 +120,12 @@ def apply_plan(actions: Iterable[AnyAction], rootfs: str, pid: int | None = None
 
 
 def _apply(actions: list[AnyAction], rootfs: str, pid: int | None) -> int:
-    grant = None
-    if pid is not None:
-        grant = allow_devices(pid, [(a.major, a.minor) for a in actions if isinstance(a, Device)])
-        try:
-            join_mount_namespace(pid)
-        except BaseException:
-            if grant is not None:
-                grant.undo()
-            raise
-    root = None
+    grant = root = None
     n = 0
     try:
+        if pid is not None:
+            grant = allow_devices(pid, [(a.major, a.minor) for a in actions if isinstance(a, Device)])
+            join_mount_namespace(pid)
         root = Root(rootfs)
         table = mount_table()  # (one reading for both: neither mounts before the overlays)
         root.adopt_tmpfs("/dev", table)

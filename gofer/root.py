@@ -241,8 +241,11 @@ class Root:
                         except OSError:
                             heads[head] = None  # missing (or not a directory: the action will say so)
                         else:
-                            heads[head] = (fd, "")  # (owned here from now on)
-                            heads[head] = (fd, os.readlink(sc.fdpath(fd)))
+                            try:
+                                heads[head] = (fd, os.readlink(sc.fdpath(fd)))
+                            except OSError:
+                                os.close(fd)
+                                raise
                     opened = heads[head]
                     if opened is None:
                         continue

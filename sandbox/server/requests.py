@@ -109,6 +109,10 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     except OSError as e:
         decline(conn, f"cwd {cwd}: {e.strerror}", read=False)
         return 0
+    try:  # (now, in the server's namespaces: a hook's verb joins the container's mount namespace)
+        null: int | None = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        null = None
     log = os.dup(2)  # the server's own stderr, before the caller's takes its place
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -155,7 +159,7 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
         os.dup2(log, 2)  # (the decline's line goes to our log, not the caller's stderr)
         decline(conn, f"{verb}: {e}", read=False)
         return 0
-    _let_go_of_stdio()
+    _let_go_of_stdio(null)
     # our log's line first: once the caller has its answer (and its pipes' end), the line is there
     line = f"sandbox serve: {verb}: {' '.join(argv)[:300]}: exit {code} in {(time.monotonic() - t) * 1e3:.1f} ms\n"
     try:
@@ -169,19 +173,16 @@ def _run_verb(conn, request: dict, fds: list[int], main) -> int:
     return 0
 
 
-def _let_go_of_stdio() -> None:
-    """The caller's stdin, stdout and stderr flushed and given back (/dev/null in their
-    place) before the verb's code goes: a caller that reads them to their end (Go's exec:
-    runc's hooks, a shim's verbs; Python's capture) sees that end once the launcher exits,
-    not once this process has gone too (the kernel closes a dying process's files after
-    tearing down its memory: a served `list` read through pipes 4.6 -> 3.6 ms here)."""
+def _let_go_of_stdio(null: int | None) -> None:
+    """The caller's stdin, stdout and stderr flushed and given back (``null``, our /dev/null,
+    in their place; closed here) before the verb's code goes: a caller that reads them to
+    their end (Go's exec: runc's hooks, a shim's verbs; Python's capture) sees that end once
+    the launcher exits, not once this process has gone too (the kernel closes a dying
+    process's files after tearing down its memory: a served `list` read through pipes 4.6 ->
+    3.6 ms here)."""
     from sandbox.messages import flush_stdio
 
     flush_stdio()
-    try:
-        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        null = None
     for fd in (0, 1, 2):
         try:
             if null is None:

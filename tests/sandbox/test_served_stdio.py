@@ -27,8 +27,12 @@ def test_the_caller_sees_its_pipes_end_while_the_child_still_lives():
                 os.close(fd)
             sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)  # (not pytest's)
             print("the verb's output", end="", flush=False)  # (in sys.stdout's buffer until let go)
-            _let_go_of_stdio()
+            null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)  # (as _run_verb opens it, before the verb)
+            _let_go_of_stdio(null)
             os.write(1, b"after")  # (to /dev/null now)
+            if {os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)} != {os.devnull} or os.path.exists(
+                    f"/proc/self/fd/{null}"):
+                raise AssertionError("stdio not on /dev/null, or our /dev/null still open")
             os.read(done_r, 1)
             code = 0
         finally:
